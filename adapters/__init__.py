@@ -1,0 +1,36 @@
+"""Bridges from other kernel libraries into joker_ext (installed as ``joker_ext.adapters``).
+
+One module per ecosystem: :mod:`joker_ext.adapters.falkon`, :mod:`joker_ext.adapters.gpytorch`,
+:mod:`joker_ext.adapters.sklearn`. They only translate objects into joker_ext's own kernel and loss
+descriptions; no solver logic lives here.
+"""
+from __future__ import annotations
+
+from joker_ext.kernels import Kernel
+
+__all__ = ["translate_kernel"]
+
+
+def translate_kernel(kernel) -> Kernel:
+    """Translate a kernel object of a supported library into a :class:`joker_ext.kernels.Kernel`.
+
+    joker_ext kernels are returned unchanged; Falkon kernels (``falkon.kernels.*``) and GPyTorch kernels
+    (``gpytorch.kernels.*``) are translated by their adapters. Anything else raises TypeError naming what
+    came in.
+    """
+    if isinstance(kernel, Kernel):
+        return kernel
+    module = type(kernel).__module__ or ""
+    root = module.split(".")[0]
+    if root == "falkon":
+        from . import falkon as _falkon
+
+        return _falkon.translate_kernel(kernel)
+    if root == "gpytorch":
+        from . import gpytorch as _gpytorch
+
+        return _gpytorch.translate_kernel(kernel)
+    raise TypeError(
+        "kernel must be 'gaussian', 'laplacian', 'laplacian_l1', 'matern', a joker_ext kernel, a Falkon kernel "
+        f"or a GPyTorch kernel; got an object of type {type(kernel).__module__}.{type(kernel).__name__}"
+    )

@@ -1,0 +1,297 @@
+"""Feature maps ``phi: R^d -> R^M`` with ``phi(x)^T phi(y) ~ k(x, y)``.
+
+Random Fourier features (Bochner): a stationary kernel ``k(x, y) = s * kappa(x - y)`` is the Fourier
+transform of a probability density p(w), so with w_j ~ p and b_j ~ U[0, 2 pi]
+
+* ``form='cos'``    : ``phi(x) = sqrt(2 s / M) cos(W^T x + b)``           (random phase)
+* ``form='cossin'`` : ``phi(x) = sqrt(s / m) [cos(W^T x), sin(W^T x)]``   (m = M / 2 frequencies; lower
+  variance). For odd ``M`` the last column is one random-phase cosine, weighted so the map stays unbiased.
+
+Spectral densities (``x`` is divided by the per-dimension ``sigma`` first, so these are for sigma = 1):
+
+============== ==========================================================================
+gaussian       w ~ N(0, I)
+matern nu      multivariate t with 2 nu degrees of freedom: w = z / sqrt(u / (2 nu)),
+               z ~ N(0, I), u ~ chi2(2 nu)   (laplacian = matern 1/2: multivariate Cauchy)
+laplacian_l1   each coordinate independently Cauchy(0, 1)
+============== ==========================================================================
+
+``orthogonal=True`` draws the directions of the frequencies as blocks of orthonormal vectors and their
+lengths from the family's radial law (chi(d) for the Gaussian), which lowers the approximation error at
+the same M for the radial families (Yu et al., 2016).
+
+A Nystrom map ``phi(x) = K(x, Z) R^{-1}`` with ``K_ZZ = R^T R`` is also provided: it is the feature
+map of Falkon's model, so a linear model on it solves Falkon's problem.
+
+All random draws happen on the CPU in float64 from a ``torch.Generator`` seeded with ``seed``, so the
+same seed gives the same features on every device and dtype.
+"""
+from __future__ import annotations
+
+import math
+from typing import List, Optional
+
+import torch
+
+from .kernels import CallableKernel, Kernel, StationaryKernel, SumKernel
+
+__all__ = ["FeatureMap", "RandomFeatureMap", "ConcatFeatureMap", "NystromFeatureMap", "make_feature_map"]
+
+FEATURE_FORMS = ("cos", "cossin")
+
+
+class FeatureMap:
+    """Base class: ``phi = feature_map(X)`` returns an (n, n_features) tensor in X's dtype and device."""
+
+    n_features: int
+
+    def __call__(self, X: torch.Tensor) -> torch.Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+    def to(self, device=None, dtype=None) -> "FeatureMap":
+        """Feature maps keep their parameters in float64 on the CPU and cast on use; returns self."""
+        return self
+
+
+def _chi2(df: float, size: int, gen: torch.Generator) -> torch.Tensor:
+    """chi-square(df) samples via Gamma(df/2, scale=2) drawn with the generator (CPU float64)."""
+    # torch has no generator-aware gamma sampler; use the Marsaglia-Tsang method, vectorised.
+    shape = df / 2.0
+    boost = shape < 1.0
+    a = shape + 1.0 if boost else shape
+    d = a - 1.0 / 3.0
+    c = 1.0 / math.sqrt(9.0 * d)
+    out = torch.empty(size, dtype=torch.float64)
+    filled = 0
+    while filled < size:
+        k = 2 * (size - filled) + 16
+        z = torch.randn(k, generator=gen, dtype=torch.float64)
+        u = torch.rand(k, generator=gen, dtype=torch.float64)
+        v = (1.0 + c * z) ** 3
+        ok = (v > 0) & (torch.log(u.clamp_min(1e-300)) < 0.5 * z * z + d - d * v + d * torch.log(v.clamp_min(1e-300)))
+        g = (d * v)[ok]
+        take = min(g.numel(), size - filled)
+        out[filled : filled + take] = g[:take]
+        filled += take
+    if boost:
+        u = torch.rand(size, generator=gen, dtype=torch.float64)
+        out = out * u.pow(1.0 / shape)
+    return 2.0 * out
+
+
+class RandomFeatureMap(FeatureMap):
+    """Random Fourier features of a :class:`~joker_ext.kernels.StationaryKernel`.
+
+    Parameters
+    ----------
+    kernel : StationaryKernel
+    n_features : int
+        Number of columns M of ``phi(X)``.
+    form : {'cossin', 'cos'}, default 'cossin'
+        Cos/sin pairs or random-phase cosines (see the module docstring).
+    orthogonal : bool, default False
+        Orthogonal random features (radial families: gaussian, laplacian, matern).
+    seed : int, default 0
+        Seed of the draws; the same seed gives the same map.
+    """
+
+    def __init__(
+        self,
+        kernel: StationaryKernel,
+        n_features: int,
+        *,
+        form: str = "cossin",
+        orthogonal: bool = False,
+        seed: Optional[int] = 0,
+    ):
+        if not isinstance(kernel, StationaryKernel):
+            raise TypeError(
+                f"random features need a stationary kernel (gaussian, laplacian, laplacian_l1, matern), got {kernel!r}"
+            )
+        if isinstance(n_features, bool) or not isinstance(n_features, int) or n_features < 1:
+            raise ValueError(f"n_features must be a positive integer, got {n_features!r}")
+        if form not in FEATURE_FORMS:
+            raise ValueError(f"form must be one of {FEATURE_FORMS}, got {form!r}")
+        if orthogonal and kernel.family == "laplacian_l1":
+            raise ValueError("orthogonal random features need a radial kernel; laplacian_l1 is not radial")
+        self.kernel = kernel
+        self.n_features = int(n_features)
+        self.form = form
+        self.orthogonal = bool(orthogonal)
+        self.seed = 0 if seed is None else int(seed)
+        self.input_dim: Optional[int] = None
+        self._W: Optional[torch.Tensor] = None  # (d, m) float64, already divided by sigma
+        self._b: Optional[torch.Tensor] = None  # (m,) phases for the random-phase columns
+        self._n_pairs = 0
+        self._cache: dict = {}
+
+    # ------------------------------------------------------------------ sampling
+    def _radial_scale(self, m: int, gen: torch.Generator) -> torch.Tensor:
+        """Per-frequency factor 1 / sqrt(u / (2 nu)) of the multivariate t (ones for the Gaussian)."""
+        if self.kernel.family == "gaussian":
+            return torch.ones(m, dtype=torch.float64)
+        nu = self.kernel.nu
+        u = _chi2(2.0 * nu, m, gen)
+        return 1.0 / torch.sqrt(u / (2.0 * nu))
+
+    def _draw(self, d: int) -> None:
+        gen = torch.Generator().manual_seed(self.seed)
+        M = self.n_features
+        if self.form == "cossin":
+            self._n_pairs = M // 2
+            m = self._n_pairs + (M % 2)
+        else:
+            self._n_pairs = 0
+            m = M
+        fam = self.kernel.family
+        if fam == "laplacian_l1":
+            u = torch.rand(d, m, generator=gen, dtype=torch.float64)
+            W = torch.tan(math.pi * (u - 0.5))
+        elif self.orthogonal:
+            blocks = []
+            for _ in range(math.ceil(m / d)):
+                G = torch.randn(d, d, generator=gen, dtype=torch.float64)
+                Q, R = torch.linalg.qr(G)
+                Q = Q * torch.sign(torch.diagonal(R)).unsqueeze(0)  # Haar-distributed
+                blocks.append(Q)
+            Wdir = torch.cat(blocks, dim=1)[:, :m]
+            norms = torch.randn(d, m, generator=gen, dtype=torch.float64).norm(dim=0)  # chi(d)
+            W = Wdir * (norms * self._radial_scale(m, gen)).unsqueeze(0)
+        else:
+            W = torch.randn(d, m, generator=gen, dtype=torch.float64) * self._radial_scale(m, gen).unsqueeze(0)
+        b = 2.0 * math.pi * torch.rand(m, generator=gen, dtype=torch.float64)
+        sigma = self.kernel.sigma
+        if sigma.dim() == 1 and sigma.numel() > 1:
+            if sigma.numel() != d:
+                raise ValueError(f"sigma has {sigma.numel()} entries but the data have {d} features")
+            W = W / sigma.unsqueeze(1)
+        else:
+            W = W / float(sigma.reshape(-1)[0])
+        self._W, self._b, self.input_dim = W, b, d
+        self._cache = {}
+
+    def fit(self, d: int) -> "RandomFeatureMap":
+        """Draw the frequencies for inputs of dimension ``d`` (done automatically on first use)."""
+        if self.input_dim != d:
+            self._draw(int(d))
+        return self
+
+    def _params(self, dtype, device):
+        key = (dtype, str(device))
+        if key not in self._cache:
+            self._cache[key] = (self._W.to(device=device, dtype=dtype), self._b.to(device=device, dtype=dtype))
+        return self._cache[key]
+
+    # ------------------------------------------------------------------ evaluation
+    def __call__(self, X: torch.Tensor) -> torch.Tensor:
+        """Return ``phi(X)``, an (n, n_features) tensor (see the module docstring for the scaling)."""
+        if X.dim() != 2:
+            raise ValueError(f"X must be 2-D, got shape {tuple(X.shape)}")
+        if self.input_dim is None:
+            self.fit(X.shape[1])
+        elif X.shape[1] != self.input_dim:
+            raise ValueError(f"X has {X.shape[1]} features, the feature map was drawn for {self.input_dim}")
+        W, b = self._params(X.dtype, X.device)
+        s = self.kernel.outputscale
+        M = self.n_features
+        Z = X @ W
+        if self.form == "cos":
+            Z.add_(b).cos_()
+            return Z.mul_(math.sqrt(2.0 * s / M))
+        p = self._n_pairs
+        out = torch.empty(X.shape[0], M, dtype=X.dtype, device=X.device)
+        scale = math.sqrt(2.0 * s / M)  # = sqrt(s / m) for even M
+        torch.cos(Z[:, :p], out=out[:, :p])
+        torch.sin(Z[:, :p], out=out[:, p : 2 * p])
+        out[:, : 2 * p].mul_(scale)
+        if M % 2:
+            out[:, -1] = torch.cos(Z[:, -1] + b[-1]) * scale
+        return out
+
+    def __repr__(self) -> str:
+        return (f"RandomFeatureMap({self.kernel!r}, n_features={self.n_features}, form={self.form!r}, "
+                f"orthogonal={self.orthogonal}, seed={self.seed})")
+
+
+class ConcatFeatureMap(FeatureMap):
+    """Concatenation of feature maps: features of a sum of kernels."""
+
+    def __init__(self, maps: List[FeatureMap]):
+        self.maps = list(maps)
+        self.n_features = sum(m.n_features for m in self.maps)
+
+    def __call__(self, X):
+        return torch.cat([m(X) for m in self.maps], dim=1)
+
+
+class NystromFeatureMap(FeatureMap):
+    """Nystrom features ``phi(x) = K(x, Z) R^{-1}`` where ``K_ZZ = R^T R`` (Cholesky).
+
+    ``phi(x)^T phi(y) = K(x, Z) K_ZZ^{-1} K(Z, y)``, the Nystrom approximation Falkon uses; a model
+    ``f(x) = phi(x)^T beta`` equals Falkon's ``K(x, Z) a`` with ``beta = R a`` and
+    ``||beta||^2 = a^T K_ZZ a``. Memory: the M x M factor (Falkon's order), against d x M for random
+    features.
+
+    When K_ZZ is numerically singular (duplicated centres) a jitter ``eps * trace / M`` is added, growing
+    tenfold until the factorisation succeeds.
+    """
+
+    def __init__(self, kernel: Kernel, centers: torch.Tensor, *, jitter: Optional[float] = None):
+        self.kernel = kernel
+        self.centers = centers
+        self.n_features = centers.shape[0]
+        K = kernel(centers, centers)
+        K = 0.5 * (K + K.T)
+        eps = torch.finfo(K.dtype).eps if jitter is None else jitter
+        scale = float(K.diagonal().mean()) if K.numel() else 1.0
+        level = 0.0 if jitter is None else jitter * scale
+        eye = torch.eye(K.shape[0], dtype=K.dtype, device=K.device)
+        for _ in range(12):
+            R, info = torch.linalg.cholesky_ex(K + level * eye, upper=True)
+            if int(info) == 0:
+                break
+            level = max(level * 10.0, eps * scale * K.shape[0])
+        else:  # pragma: no cover - pathological
+            raise ValueError("the centres' kernel matrix could not be factorised; remove duplicated centres")
+        self.R = R
+        self.jitter_used = level
+
+    def __call__(self, X):
+        Z = self.centers.to(device=X.device, dtype=X.dtype)
+        R = self.R.to(device=X.device, dtype=X.dtype)
+        KxZ = self.kernel(X, Z)
+        # phi = KxZ R^{-1}  <=>  R^T phi^T = KxZ^T
+        return torch.linalg.solve_triangular(R, KxZ, upper=True, left=False)
+
+    def coefficients_to_centers(self, beta: torch.Tensor) -> torch.Tensor:
+        """Return ``a = R^{-1} beta`` so that ``f(x) = K(x, Z) a`` (Falkon's ``alpha_``)."""
+        return torch.linalg.solve_triangular(self.R.to(beta), beta, upper=True)
+
+
+def make_feature_map(
+    kernel: Kernel,
+    n_features: int,
+    *,
+    form: str = "cossin",
+    orthogonal: bool = False,
+    seed: Optional[int] = 0,
+) -> FeatureMap:
+    """Random features for a stationary kernel or a sum of them (features split evenly across parts)."""
+    if isinstance(kernel, StationaryKernel):
+        return RandomFeatureMap(kernel, n_features, form=form, orthogonal=orthogonal, seed=seed)
+    if isinstance(kernel, SumKernel) and kernel.supports_random_features:
+        k = len(kernel.parts)
+        if n_features < k:
+            raise ValueError(f"n_features must be at least the number of kernel parts ({k}), got {n_features}")
+        sizes = [n_features // k + (1 if j < n_features % k else 0) for j in range(k)]
+        base = 0 if seed is None else int(seed)
+        return ConcatFeatureMap([
+            make_feature_map(p, m, form=form, orthogonal=orthogonal and p.family != "laplacian_l1",
+                             seed=base + 7919 * j)
+            for j, (p, m) in enumerate(zip(kernel.parts, sizes))
+        ])
+    kind = kernel.name if isinstance(kernel, CallableKernel) else type(kernel).__name__
+    raise ValueError(
+        f"random features (n_features={n_features}) need a stationary kernel or a sum of them; "
+        f"the kernel {kind} has no spectral description: use n_features=None (exact kernel)"
+    )

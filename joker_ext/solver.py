@@ -1,0 +1,549 @@
+"""DBCD-TR: dual block coordinate descent with a trust region (seed paper, Algorithms 1-3).
+
+The dual problem (see :mod:`joker_ext.losses`), for each target column t::
+
+    min_alpha  D(alpha) = 1/2 alpha^T K alpha + sum_i g_i(alpha_i),   alpha_i in box_i
+
+One iteration picks a block B of a fixed random partition of the rows and improves ``alpha_B`` with
+the other rows fixed. With ``f_B = (K alpha)_B``, the block's gradient and Hessian are::
+
+    grad = f_B - y_B + psi'(alpha_B) (+ kink * sign),      H = K_BB + diag(psi''(alpha_B))
+
+The step minimises the quadratic model ``grad^T s + 1/2 s^T H s`` inside ``||s|| <= radius`` and the box,
+by a truncated CG-Steihaug (Algorithm 2) on the free variables (variables at a bound whose gradient
+pushes outwards are held fixed), which stops at the trust-region boundary or when it leaves the box;
+the better of the projected point and the point where it hit the box is taken. The step is accepted
+when ``rho = (D(alpha) - D(alpha + s)) / model decrease >= eta`` (0.125); the radius is multiplied by 0.25
+after a rejected step, by 0.5 when rho < 0.25, and by 2 when rho > 0.75 and the step reached the
+boundary. Each target column has its own radius.
+
+Non-smooth conjugates ``kink * |a|`` (epsilon-insensitive) are handled on orthants (seed paper, B.2):
+inside one step every coordinate keeps the sign it has (a coordinate at zero picks the side its
+gradient points to, or stays at zero), so the model is exact on the part ``kink * |a|``.
+
+The duality gap is the sum over samples of the Fenchel-Young gaps
+``c_i l(y_i, f_i) + g_i(alpha_i) + alpha_i f_i >= 0``; the relative gap is ``gap / max(primal, |dual|)``.
+"""
+from __future__ import annotations
+
+import math
+import signal
+import threading
+import time
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+import torch
+
+from .losses import Loss
+
+__all__ = ["SolverOptions", "SolverResult", "dbcd_tr", "cg_steihaug", "duality_gap", "make_blocks"]
+
+
+@dataclass
+class SolverOptions:
+    """Options of :func:`dbcd_tr`.
+
+    Attributes
+    ----------
+    block_size : int
+        Rows per block (the last blocks of the partition may be one row shorter).
+    max_iter : int
+        Maximum number of block iterations.
+    tol : float
+        Stop when the relative duality gap ``gap / max(primal, |dual|)`` is at most ``tol``.
+    max_time : float, optional
+        Stop after this many seconds (checked after every iteration).
+    block_selection : {'random', 'cyclic'}
+        Uniformly random block at every iteration (the paper's choice) or blocks in order.
+    eta : float
+        Acceptance threshold on rho.
+    max_cg : int
+        Maximum CG iterations per trust-region subproblem.
+    subproblem : {'auto', 'cg', 'direct'}
+        How the trust-region subproblem on the free variables is solved: truncated CG-Steihaug, or
+        exactly through an eigendecomposition of the block Hessian (robust on the ill-conditioned,
+        degenerate duals of the absolute, pinball and epsilon-insensitive losses). 'auto' uses the direct
+        solve in exact mode for blocks of at most ``direct_max`` rows.
+    direct_max : int
+        Largest block for which 'auto' picks the direct solve.
+    max_subspace : int
+        Maximum rounds of (CG on the free variables, projected search) per iteration.
+    cg_tol : float
+        CG stops when the free residual norm falls below ``cg_tol`` times its initial norm.
+    check_every : int, optional
+        Iterations between duality-gap evaluations (default: every iteration for exact kernels, where
+        the gap is O(n); once per epoch for features, where it needs a pass over the data).
+    callback_every : int, optional
+        Iterations between callback calls (default: ``check_every``).
+    seed : int
+        Seed of the partition and the block choice.
+    verbose : bool
+        tqdm progress bar.
+    """
+
+    block_size: int = 1024
+    max_iter: int = 1000
+    tol: float = 1e-6
+    max_time: Optional[float] = None
+    block_selection: str = "random"
+    eta: float = 0.125
+    max_cg: int = 50
+    max_subspace: int = 20
+    subproblem: str = "auto"
+    direct_max: int = 512
+    cg_tol: float = 1e-10
+    check_every: Optional[int] = None
+    callback_every: Optional[int] = None
+    seed: int = 0
+    verbose: bool = False
+    handle_sigint: bool = True
+
+
+@dataclass
+class SolverResult:
+    """What :func:`dbcd_tr` returns.
+
+    ``status`` is one of 'converged', 'max_iter', 'max_time', 'interrupted'.
+    ``history`` holds one dict per gap evaluation with keys iteration, time, primal, dual, gap,
+    rel_gap (and 'validation' when a validation function was given).
+    """
+
+    alpha: torch.Tensor
+    state: Dict[str, torch.Tensor]
+    n_iter: int
+    status: str
+    primal: float
+    dual: float
+    gap: float
+    rel_gap: float
+    radius: torch.Tensor
+    history: List[dict] = field(default_factory=list)
+
+    @property
+    def converged(self) -> bool:
+        return self.status == "converged"
+
+
+def make_blocks(n: int, block_size: int, generator: torch.Generator) -> List[torch.Tensor]:
+    """A fixed random partition of ``range(n)`` into ``ceil(n / block_size)`` blocks of near-equal size,
+    each sorted (sorted rows read fastest from memory-mapped data)."""
+    perm = torch.randperm(n, generator=generator)
+    n_blocks = max(1, math.ceil(n / block_size))
+    return [torch.sort(b).values for b in torch.tensor_split(perm, n_blocks)]
+
+
+def cg_steihaug(
+    hvp: Callable[[torch.Tensor], torch.Tensor],
+    g: torch.Tensor,
+    radius: torch.Tensor,
+    free: torch.Tensor,
+    p0: Optional[torch.Tensor] = None,
+    *,
+    max_iter: int = 50,
+    tol: float = 1e-10,
+):
+    """Truncated CG-Steihaug for ``min_p g^T p + 1/2 p^T H p`` s.t. ``||p|| <= radius``, per column.
+
+    Starts from ``p0`` (default 0) and moves only the free coordinates (``free`` mask); the residual is
+    ``-(g + H p)`` on them. A column stops at the trust-region boundary, on non-positive curvature (then
+    it goes to the boundary), or when its residual norm is below ``tol`` times the initial one.
+    Returns ``(p, on_boundary)``.
+    """
+    freef = free.to(g.dtype)
+    T = g.shape[1]
+    p = torch.zeros_like(g) if p0 is None else p0.clone()
+    r = -(g + (hvp(p) if p0 is not None else 0.0)) * freef
+    d = r.clone()
+    rr = (r * r).sum(0)
+    r0 = rr.sqrt()
+    active = r0 > 0
+    boundary = torch.zeros(T, dtype=torch.bool, device=g.device)
+    tiny = torch.finfo(g.dtype).tiny
+    for _ in range(max_iter):
+        if not bool(active.any()):
+            break
+        Hd = hvp(d) * freef
+        dHd = (d * Hd).sum(0)
+        step = rr / torch.where(dHd > 0, dHd, torch.ones_like(dHd))
+        p_new = p + step * d
+        # Distance to the trust-region boundary along d: ||p + tau d|| = radius.
+        pd, dd, pp = (p * d).sum(0), (d * d).sum(0), (p * p).sum(0)
+        disc = (pd * pd + dd * (radius * radius - pp)).clamp_min(0)
+        tau = (-pd + disc.sqrt()) / dd.clamp_min(tiny)
+        out_tr = active & ((dHd <= 0) | (p_new.norm(dim=0) >= radius))
+        cand = torch.where(out_tr.unsqueeze(0), p + tau * d, p_new)
+        upd = active.unsqueeze(0)
+        p = torch.where(upd, cand, p)
+        boundary = boundary | out_tr
+        r_new = r - step * Hd
+        rr_new = (r_new * r_new).sum(0)
+        done = out_tr | (rr_new.sqrt() <= tol * r0)
+        beta = rr_new / rr.clamp_min(tiny)
+        d = torch.where(upd, r_new + beta * d, d)
+        r = torch.where(upd, r_new, r)
+        rr = torch.where(active, rr_new, rr)
+        active = active & ~done
+    return p, boundary
+
+
+def duality_gap(loss: Loss, Y: torch.Tensor, F: torch.Tensor, alpha: torch.Tensor, c: torch.Tensor,
+                quad: torch.Tensor):
+    """Primal, dual and gap per target column.
+
+    ``primal = 1/2 q + sum_i c_i l(y_i, f_i)``, ``dual = 1/2 q + sum_i g_i(alpha_i)`` with
+    ``q = alpha^T K alpha`` and ``gap = sum_i FY_i`` (the Fenchel-Young terms, each >= 0).
+    """
+    primal = 0.5 * quad + (c * loss.value(Y, F)).sum(0)
+    dual = 0.5 * quad + loss.conj(alpha, Y, c).sum(0)
+    gap = loss.fenchel_young(Y, F, alpha, c).sum(0)
+    return primal, dual, gap
+
+
+class _Interrupt:
+    """Turns SIGINT into a flag checked between iterations, so the iterate stays consistent."""
+
+    def __init__(self):
+        self.flag = False
+
+    def __call__(self, signum, frame):
+        self.flag = True
+
+
+@contextmanager
+def _sigint_as_flag(enabled: bool):
+    handler = _Interrupt()
+    if enabled and threading.current_thread() is threading.main_thread():
+        try:
+            old = signal.signal(signal.SIGINT, handler)
+        except (ValueError, OSError):  # pragma: no cover - embedded interpreters
+            old = None
+    else:
+        old = None
+    try:
+        yield handler
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGINT, old)
+
+
+def dbcd_tr(
+    operator,
+    Y: torch.Tensor,
+    loss: Loss,
+    c: torch.Tensor,
+    options: Optional[SolverOptions] = None,
+    *,
+    alpha0: Optional[torch.Tensor] = None,
+    state0: Optional[Dict[str, torch.Tensor]] = None,
+    radius0: Optional[torch.Tensor] = None,
+    start_iter: int = 0,
+    callback: Optional[Callable[[dict], Optional[bool]]] = None,
+    validation: Optional[Callable[[Dict[str, torch.Tensor], torch.Tensor], float]] = None,
+    rng_state: Optional[torch.Tensor] = None,
+) -> SolverResult:
+    """Minimise the dual by DBCD-TR.
+
+    Parameters
+    ----------
+    operator : ExactOperator or FeatureOperator
+    Y : Tensor (n, T)
+        Targets (-1/+1 for margin losses), on the solver's device and dtype.
+    loss : Loss
+    c : Tensor (n,)
+        Per-sample weights ``c_i = C w_i > 0``.
+    options : SolverOptions
+    alpha0 : Tensor (n, T), optional
+        Warm start (projected on the box).
+    state0, radius0, start_iter, rng_state :
+        Resume exactly from a checkpoint (the operator state that matches ``alpha0``, the radii, the
+        iteration count and the block generator's state).
+    callback : callable, optional
+        Called with a dict (iteration, time, primal, dual, gap, rel_gap, validation, alpha, state) every
+        ``callback_every`` iterations; returning True stops the fit. A KeyboardInterrupt raised inside it
+        stops the fit like Ctrl-C does.
+    validation : callable, optional
+        ``validation(state, alpha) -> float``, recorded in the history at each gap evaluation.
+    """
+    opts = options or SolverOptions()
+    if opts.block_selection not in ("random", "cyclic"):
+        raise ValueError(f"block_selection must be 'random' or 'cyclic', got {opts.block_selection!r}")
+    n, T = Y.shape
+    dtype, device = Y.dtype, Y.device
+    c_col = c.reshape(n, 1).to(dtype=dtype, device=device)
+    loss.check_targets(Y)
+    lo_all, hi_all = loss.box(Y, c_col)
+
+    gen = torch.Generator().manual_seed(int(opts.seed))
+    blocks = make_blocks(n, max(1, int(opts.block_size)), gen)
+    if rng_state is not None:
+        gen.set_state(rng_state)
+    n_blocks = len(blocks)
+    blocks_dev = [b.to(device) for b in blocks]
+
+    if alpha0 is None:
+        alpha = torch.zeros(n, T, dtype=dtype, device=device)
+        alpha = torch.minimum(torch.maximum(alpha, lo_all), hi_all)
+    else:
+        alpha = torch.minimum(torch.maximum(alpha0.to(dtype=dtype, device=device).reshape(n, T), lo_all), hi_all)
+        alpha = alpha.clone()
+    state = state0 if state0 is not None else operator.init_state(alpha)
+    radius = None if radius0 is None else radius0.to(dtype=dtype, device=device).clone()
+
+    check_every = opts.check_every or (1 if operator.mode == "exact" else n_blocks)
+    callback_every = opts.callback_every or check_every
+    history: List[dict] = []
+    t0 = time.perf_counter()
+    status = "max_iter"
+    last = {"primal": math.nan, "dual": math.nan, "gap": math.nan, "rel_gap": math.inf}
+
+    def evaluate(it: int, refresh: bool = False) -> dict:
+        F = operator.predictions(state, alpha, refresh=refresh)
+        q = operator.quad(state, alpha, F)
+        primal, dual, gap = duality_gap(loss, Y, F, alpha, c_col, q)
+        P, D, G = float(primal.sum()), float(dual.sum()), float(gap.sum())
+        scale = max(abs(P), abs(D), torch.finfo(dtype).tiny)
+        rec = {"iteration": it, "time": time.perf_counter() - t0, "primal": P, "dual": D, "gap": G,
+               "rel_gap": G / scale}
+        if validation is not None:
+            rec["validation"] = float(validation(state, alpha))
+        history.append(rec)
+        return rec
+
+    bar = None
+    if opts.verbose:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=opts.max_iter, initial=start_iter, desc="DBCD-TR", unit="it")
+
+    it = start_iter
+    cyc = start_iter % n_blocks
+    with _sigint_as_flag(opts.handle_sigint) as sig:
+        try:
+            while it < opts.max_iter:
+                if opts.block_selection == "random":
+                    k = int(torch.randint(n_blocks, (1,), generator=gen))
+                else:
+                    k = cyc
+                    cyc = (cyc + 1) % n_blocks
+                idx = blocks_dev[k]
+                radius = _block_step(operator, state, loss, Y, c_col, alpha, idx, lo_all, hi_all, radius, opts)
+                it += 1
+                if bar is not None:
+                    bar.update(1)
+                stop_now = False
+                if it % check_every == 0 or it == opts.max_iter:
+                    last = evaluate(it)
+                    if bar is not None:
+                        bar.set_postfix(rel_gap=f"{last['rel_gap']:.2e}")
+                    if last["rel_gap"] <= opts.tol:
+                        status = "converged"
+                        stop_now = True
+                if callback is not None and it % callback_every == 0:
+                    info = dict(history[-1]) if history and history[-1]["iteration"] == it else evaluate(it)
+                    info.update(alpha=alpha, state=state, radius=radius, rng_state=gen.get_state())
+                    if callback(info):
+                        status = "callback"
+                        stop_now = True
+                if stop_now:
+                    break
+                if opts.max_time is not None and time.perf_counter() - t0 >= opts.max_time:
+                    status = "max_time"
+                    break
+                if sig.flag:
+                    raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            status = "interrupted"
+            warnings.warn(
+                f"fit interrupted after {it} block iterations; the model keeps the last consistent iterate",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+    if bar is not None:
+        bar.close()
+    if not history or history[-1]["iteration"] != it:
+        last = evaluate(it)
+    else:
+        last = history[-1]
+    if radius is None:
+        radius = torch.ones(T, dtype=dtype, device=device)
+    return SolverResult(alpha=alpha, state=state, n_iter=it, status=status, primal=last["primal"],
+                        dual=last["dual"], gap=last["gap"], rel_gap=last["rel_gap"], radius=radius,
+                        history=history)
+
+
+def trust_region_eigh(H: torch.Tensor, g: torch.Tensor, radius: float) -> "tuple[torch.Tensor, bool]":
+    """Exact solution of ``min_w g^T w + 1/2 w^T H w`` s.t. ``||w|| <= radius`` for a PSD ``H``.
+
+    Uses ``H = Q diag(lam) Q^T``: ``w(mu) = -Q (Q^T g) / (lam + mu)`` with ``mu = 0`` (pseudo-inverse on
+    the numerically zero eigenvalues) when that step is inside the region, otherwise ``mu > 0`` from
+    the secular equation ``||w(mu)|| = radius`` by bisection in log scale. Returns ``(w, on_boundary)``.
+    """
+    lam, Q = torch.linalg.eigh(0.5 * (H + H.T))
+    lam = lam.clamp_min(0)
+    gq = Q.T @ g
+    cut = lam.max().clamp_min(torch.finfo(H.dtype).tiny) * (H.shape[0] * torch.finfo(H.dtype).eps)
+    pos = lam > cut
+    w_q = torch.where(pos, -gq / torch.where(pos, lam, torch.ones_like(lam)), torch.zeros_like(gq))
+    null_grad = bool((gq[~pos].abs() > 1e-12 * gq.abs().max().clamp_min(torch.finfo(H.dtype).tiny)).any())
+    if not null_grad and float(w_q.norm()) <= radius:
+        return Q @ w_q, False
+    g_norm = float(gq.norm())
+    lo_mu, hi_mu = max(float(cut), 1e-300), max(g_norm / radius, float(cut)) * 2.0
+    for _ in range(100):
+        mid = math.sqrt(lo_mu * hi_mu)
+        if float((gq / (lam + mid)).norm()) > radius:
+            lo_mu = mid
+        else:
+            hi_mu = mid
+        if hi_mu / lo_mu < 1 + 1e-12:
+            break
+    w_q = -gq / (lam + hi_mu)
+    return Q @ w_q, True
+
+
+def _model(grad, hdiag, matvec, S, k):
+    """Values of the quadratic model ``grad^T s + 1/2 s^T (K_BB + diag(h)) s`` for ``k`` stacked candidates."""
+    G = grad.repeat(1, k)
+    KS = matvec(S)
+    vals = (G * S).sum(0) + 0.5 * (S * (KS + hdiag.repeat(1, k) * S)).sum(0)
+    return vals, KS
+
+
+def _direct_subspace(KBB, hdiag, grad, s, free, radius):
+    """Exact trust-region step on the free variables of each column, from ``s`` (see trust_region_eigh)."""
+    p = s.clone()
+    T = s.shape[1]
+    boundary = torch.zeros(T, dtype=torch.bool, device=s.device)
+    g_at_s = grad + KBB @ s + hdiag * s
+    for t in range(T):
+        F = torch.nonzero(free[:, t]).reshape(-1)
+        if F.numel() == 0:
+            continue
+        H = KBB.index_select(0, F).index_select(1, F) + torch.diag(hdiag[F, t])
+        w, hit = trust_region_eigh(H, g_at_s[F, t], float(radius[t]))
+        p[F, t] += w
+        boundary[t] = hit
+    return p, boundary
+
+
+_CAUCHY_FACTORS = (4.0, 2.0, 1.0, 0.5, 0.25, 0.125, 0.0625, 1.0 / 64, 1.0 / 256, 1.0 / 1024)
+_SEARCH_FACTORS = (1.0, 0.5, 0.25, 0.125, 1.0 / 16, 0.0)
+
+
+def _block_step(operator, state, loss: Loss, Y, c_col, alpha, idx, lo_all, hi_all, radius, opts):
+    """One DBCD-TR iteration on block ``idx``; updates ``alpha`` and ``state`` in place; returns radii.
+
+    The box-constrained trust-region subproblem is solved in the manner of TRON (Lin and More, 1999):
+    a projected-gradient Cauchy point (the best of a few step lengths, all capped by the radius), then
+    truncated CG-Steihaug on the variables that are free at the Cauchy point, then a projected search
+    between the two. Every candidate is evaluated by the model in one batched product.
+    """
+    ops = operator.block(idx, state)
+    aB = alpha[idx]
+    yB = Y[idx]
+    cB = c_col[idx]
+    lo, hi = lo_all[idx], hi_all[idx]
+    grad = ops.f + loss.conj_grad(aB, yB, cB)
+    hdiag = loss.psi_hess(aB, yB, cB)
+    if loss.kink:
+        k = loss.kink
+        sgn = torch.sign(aB)
+        at0 = sgn == 0
+        sgn = torch.where(at0 & (grad + k < 0), torch.ones_like(sgn), sgn)
+        sgn = torch.where(at0 & (grad - k > 0), -torch.ones_like(sgn), sgn)
+        zero = torch.zeros_like(lo)
+        lo = torch.where(sgn > 0, torch.maximum(lo, zero), torch.where(sgn < 0, lo, zero))
+        hi = torch.where(sgn < 0, torch.minimum(hi, zero), torch.where(sgn > 0, hi, zero))
+        grad = grad + k * sgn
+    free = ~(((aB <= lo) & (grad >= 0)) | ((aB >= hi) & (grad <= 0)))
+    gF = grad * free
+    T = aB.shape[1]
+    tiny = torch.finfo(aB.dtype).tiny
+
+    def hvp(V):
+        return ops.matvec(V) + hdiag.repeat(1, V.shape[1] // T) * V
+
+    def proj(S):
+        k = S.shape[1] // T
+        X0 = aB.repeat(1, k)
+        return torch.minimum(torch.maximum(X0 + S, lo.repeat(1, k)), hi.repeat(1, k)) - X0
+
+    gg = (gF * gF).sum(0)
+    if radius is None:
+        gHg = (gF * hvp(gF)).sum(0)
+        radius = torch.where(gg > 0, gg.sqrt() * gg / torch.where(gHg > 0, gHg, torch.ones_like(gHg)),
+                             torch.ones_like(gg))
+    if not bool((gg > 0).any()):
+        return radius
+    g_norm = gg.sqrt().clamp_min(tiny)
+    # 1. Cauchy point: projected gradient steps of several lengths (each within the radius).
+    gHg = (gF * hvp(gF)).sum(0)
+    t_star = gg / torch.where(gHg > 0, gHg, torch.full_like(gHg, tiny))
+    t_cap = radius / g_norm
+    ts = torch.stack([torch.minimum(t_star * f, t_cap) for f in _CAUCHY_FACTORS])  # (J, T)
+    J = ts.shape[0]
+    SC = proj(-(gF.repeat(1, J)) * ts.reshape(1, J * T))
+    mC, _ = _model(grad, hdiag, ops.matvec, SC, J)
+    best = mC.reshape(J, T).argmin(0)
+    cols = best * T + torch.arange(T, device=best.device)
+    s_c = SC[:, cols]
+    # 2-3. Subspace steps (TRON): CG-Steihaug on the variables free at the current point, then a
+    # projected search between the current point and the CG point; repeated while the search stops at
+    # new bounds.
+    s = s_c
+    boundary = torch.zeros(T, dtype=torch.bool, device=aB.device)
+    H_full = None
+    use_direct = opts.subproblem == "direct" or (
+        opts.subproblem == "auto" and ops.matrix is not None and aB.shape[0] <= opts.direct_max)
+    if use_direct:
+        if ops.matrix is None:
+            raise ValueError("subproblem='direct' needs the block's kernel matrix (exact kernels)")
+        H_full = ops.matrix
+    
+    L = len(_SEARCH_FACTORS) + 1
+    ar = torch.arange(T, device=aB.device)
+    for _ in range(max(1, opts.max_subspace)):
+        at_bound = ((aB + s) <= lo) | ((aB + s) >= hi)
+        free_c = free & ~at_bound
+        if H_full is not None:
+            p_cg, hit_tr = _direct_subspace(H_full, hdiag, grad, s, free_c, radius)
+        else:
+            p_cg, hit_tr = cg_steihaug(hvp, grad, radius, free_c, s, max_iter=opts.max_cg, tol=opts.cg_tol)
+        w = p_cg - s
+        # Ratio test: the longest feasible step along w (the active-set candidate, no projection).
+        x_s = aB + s
+        up = torch.where(w > 0, (hi - x_s) / w, torch.full_like(w, math.inf))
+        dn = torch.where(w < 0, (lo - x_s) / w, torch.full_like(w, math.inf))
+        b_max = torch.minimum(up, dn).masked_fill(~free_c, math.inf).amin(0).clamp(0, 1)
+        cands = [s + f * w for f in _SEARCH_FACTORS] + [s + b_max.unsqueeze(0) * w]
+        SW = proj(torch.cat(cands, dim=1))
+        mW, KW = _model(grad, hdiag, ops.matvec, SW, L)
+        pick = mW.reshape(L, T).argmin(0)
+        cols = pick * T + ar
+        s_next = SW[:, cols]
+        full = pick == 0
+        boundary = torch.where(full, hit_tr, boundary)
+        new_bounds = ((((aB + s_next) <= lo) | ((aB + s_next) >= hi)) & ~at_bound).any(0)
+        s, Ks, pred = s_next, KW[:, cols], -mW[cols]
+        if not bool((new_bounds & (w != 0).any(0)).any()):
+            break
+    # Exact decrease of the dual restricted to the block.
+    actual = -((ops.f * s).sum(0) + 0.5 * (s * Ks).sum(0) + loss.conj_diff(aB, s, yB, cB).sum(0))
+    moved = (s != 0).any(0) & (pred > 0)
+    rho = actual / torch.where(moved, pred, torch.ones_like(pred))
+    accept = moved & (actual > 0) & (rho >= opts.eta)
+    s_norm = s.norm(dim=0)
+    shrink = moved & ~accept
+    new_radius = torch.where(shrink, 0.25 * torch.minimum(radius, s_norm.clamp_min(tiny)), radius)
+    new_radius = torch.where(accept & (rho < 0.25), 0.5 * radius, new_radius)
+    grow = accept & (rho > 0.75) & (s_norm >= 0.99 * radius)
+    new_radius = torch.where(grow, 2.0 * radius, new_radius)
+    if bool(accept.any()):
+        step = s * accept.to(s.dtype).unsqueeze(0)
+        alpha[idx] = torch.minimum(torch.maximum(aB + step, lo_all[idx]), hi_all[idx])
+        operator.update(state, idx, ops, alpha[idx] - aB)
+    return new_radius
