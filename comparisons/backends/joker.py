@@ -1,0 +1,192 @@
+"""Joker (seed 000) as harness backends: DBCD-TR on the dual, any registry loss.
+
+Three model classes from the one spec, all trained by :func:`joker_ext.model.fit_dual`:
+
+``joker``
+    the exact kernel (``f = sum_i alpha_i k(x_i, .)`` over all n training points); M is not used.
+``joker_rf``
+    M random Fourier features of the spec's kernel (``--option joker_rf.features=cossin|cos|orf``).
+``joker_nystrom``
+    M Nystrom centres drawn uniformly from the training points (seeded): the model class Falkon uses,
+    so that with the squared loss both solve the same problem.
+
+Translation: ``C = 1 / (n * penalty)`` (:func:`joker_ext.conversions.penalty_to_C`), the kernel family and
+sigma unchanged, -1/+1 targets for classification (one-vs-rest columns for multi-class).
+Budget: ``iterations`` = block iterations; ``epochs`` = passes over the blocks; the default is
+:func:`joker_ext.model.default_max_iter`; the fit stops at the relative duality gap ``tol`` (default
+1e-6) or after ``spec.soft_seconds``.
+Options: ``block_size``, ``tol``, ``features`` (joker_rf), ``points`` (trace points, default 30).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Optional
+
+import numpy as np
+
+from .base import Backend, Skip, pm_targets
+
+__all__ = ["JokerBackend", "JokerRFBackend", "JokerNystromBackend"]
+
+DEFAULT_TOL = 1e-6
+
+
+def _schedule(max_iter: int, n_points: int) -> set:
+    """About ``n_points`` iteration numbers spaced geometrically in [1, max_iter]."""
+    pts = np.unique(np.round(np.geomspace(1, max(1, max_iter), num=max(2, n_points))).astype(int))
+    return set(int(p) for p in pts)
+
+
+class JokerBackend(Backend):
+    """Joker with the exact kernel."""
+
+    name = "joker"
+    uses_M = False
+    mode = "exact"
+    _known = ("block_size", "tol", "points", "max_iter")
+
+    def check(self) -> None:
+        super().check()
+        self.unused_options(self._known)
+        loss = self.spec.effective_loss
+        if self.problem.task == "regression" and loss in ("hinge", "squared_hinge", "logistic"):
+            raise Skip(f"loss {loss!r} is a classification loss")
+
+    # ------------------------------------------------------------------ model class
+    def _feature_map(self, X):
+        if self.spec.M is not None:
+            self.note(f"exact kernel on all n={self.n} points: M={self.spec.M} not used")
+        return None
+
+    def _model_size(self) -> int:
+        return self.n
+
+    # ------------------------------------------------------------------ fit / predict
+    def fit(self, X: np.ndarray, y: np.ndarray, trace) -> None:
+        import torch
+
+        from joker_ext.losses import get_loss
+        from joker_ext.model import default_block_size, default_max_iter, fit_dual
+        from joker_ext.solver import SolverOptions
+
+        spec = self.spec
+        dtype, device = self.torch_dtype, torch.device(spec.device)
+        loss = get_loss(spec.effective_loss, delta=spec.delta, epsilon=spec.epsilon, quantile=spec.quantile)
+        Y = pm_targets(y, self.problem.task, self.problem.n_classes)
+        Y = Y.reshape(len(Y), -1)
+        n = X.shape[0]
+        self.kernel_ = self.joker_kernel()
+        Xt = torch.as_tensor(np.ascontiguousarray(X))
+        self.feature_map_ = self._feature_map(Xt)
+        b = int(self.option("block_size") or default_block_size(n, loss))
+        b = max(1, min(b, n))
+        n_blocks = math.ceil(n / b)
+        if self.option("max_iter") is not None:
+            max_iter = int(self.option("max_iter"))
+        elif spec.iterations is not None:
+            max_iter = int(spec.iterations)
+        elif spec.epochs is not None:
+            max_iter = max(1, int(math.ceil(spec.epochs * n_blocks)))
+        else:
+            max_iter = default_max_iter(n, b)
+        tol = self.option("tol", spec.tol if spec.tol is not None else DEFAULT_TOL)
+        C = self.C
+        exact = self.feature_map_ is None
+        opts = SolverOptions(block_size=b, max_iter=max_iter, tol=float(tol), max_time=spec.soft_seconds,
+                             seed=int(spec.seed), callback_every=1 if exact else None, handle_sigint=False)
+        n_points = int(self.option("points", 30))
+        metric_at = _schedule(max_iter, n_points)
+        gap_at = _schedule(max_iter, 8 * n_points)
+        Xtr_dev = Xt.to(device=device, dtype=dtype)
+        fmap = self.feature_map_
+        kernel = self.kernel_
+
+        def predict_from(alpha, state):
+            def f(Xq):
+                Xq = torch.as_tensor(Xq).to(device=device, dtype=dtype)
+                if fmap is None:
+                    return kernel.mmv(Xq, Xtr_dev, alpha)
+                return fmap(Xq) @ state["beta"]
+            return f
+
+        def callback(info: Dict[str, Any]) -> None:
+            it = int(info["iteration"])
+            want_metric = (it in metric_at) or not exact
+            if it in gap_at or want_metric:
+                # Joker minimises D(alpha); the dual objective in the maximisation form is -D.
+                trace.record(iteration=it,
+                             predict=predict_from(info["alpha"], info["state"]) if want_metric else None,
+                             primal=info["primal"], dual=-info["dual"], gap=info["gap"], rel_gap=info["rel_gap"])
+            return None
+
+        c = torch.full((n,), C, dtype=torch.float64)
+        self.model_ = fit_dual(Xt, torch.as_tensor(Y), loss=loss, c=c, kernel=kernel, feature_map=fmap,
+                               options=opts, dtype=dtype, device=device, callback=callback)
+        res = self.model_.result
+        last = res.history[-1] if res.history else None
+        if last is not None and (not trace.points or trace.points[-1].get("iteration") != res.n_iter):
+            trace.record(iteration=res.n_iter, predict=predict_from(self.model_.alpha, res.state),
+                         primal=res.primal, dual=-res.dual, gap=res.gap, rel_gap=res.rel_gap)
+        if res.status != "converged":
+            self.note(f"stopped by {res.status} after {res.n_iter} block iterations at relative duality gap "
+                      f"{res.rel_gap:.1e} (tol {tol:g})")
+        self._params = {"C": C, "loss": loss.name, "sigma": self.sigma, "kernel": spec.kernel,
+                        "M": self._model_size(), "mode": self.mode, "block_size": b, "max_iter": max_iter,
+                        "tol": float(tol), "n_iter": res.n_iter, "status": res.status,
+                        "rel_gap": res.rel_gap}
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        F = self.model_.decision(np.ascontiguousarray(X))
+        return self.squeeze_scores(self.to_numpy(F), self.problem.task)
+
+
+class JokerRFBackend(JokerBackend):
+    """Joker with M random Fourier features."""
+
+    name = "joker_rf"
+    uses_M = True
+    mode = "random_features"
+    _known = JokerBackend._known + ("features",)
+
+    def check(self) -> None:
+        super().check()
+        if self.spec.M is None:
+            raise Skip("random features need a model size M (--M)")
+        if self.option("features", "cossin") not in ("cossin", "cos", "orf"):
+            raise ValueError(f"option joker_rf.features must be 'cossin', 'cos' or 'orf', "
+                             f"got {self.option('features')!r}")
+
+    def _feature_map(self, X):
+        from joker_ext.features import make_feature_map
+
+        kind = self.option("features", "cossin")
+        return make_feature_map(self.kernel_, int(self.spec.M), form="cos" if kind == "cos" else "cossin",
+                                orthogonal=kind == "orf", seed=int(self.spec.seed))
+
+    def _model_size(self) -> int:
+        return int(self.spec.M)
+
+
+class JokerNystromBackend(JokerBackend):
+    """Joker with M uniformly drawn Nystrom centres (Falkon's model class)."""
+
+    name = "joker_nystrom"
+    uses_M = True
+    mode = "nystrom"
+
+    def _feature_map(self, X):
+        import torch
+
+        from joker_ext.features import NystromFeatureMap
+
+        M = self.model_size()
+        g = torch.Generator().manual_seed(int(self.spec.seed))
+        idx = torch.randperm(X.shape[0], generator=g)[:M].sort().values
+        centers = X[idx].to(dtype=self.torch_dtype, device=torch.device(self.spec.device))
+        fmap = NystromFeatureMap(self.kernel_, centers)
+        if getattr(fmap, "jitter_used", 0.0):
+            self.note(f"K(Z, Z) factorised with jitter {fmap.jitter_used:.1e}")
+        return fmap
+
+    def _model_size(self) -> int:
+        return self.model_size()

@@ -1,0 +1,1 @@
+"""Worked examples of joker_ext in the workflows of other libraries (run them as ``python -m comparisons.examples.<name>``)."""

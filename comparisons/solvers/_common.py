@@ -1,0 +1,209 @@
+"""Shared argument checks and tensor conversions of the seed-paper solvers.
+
+Every public check raises ``TypeError`` (wrong kind of object) or ``ValueError`` (right kind, bad
+value) with a message naming the argument, what was expected and what came in.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+
+from joker_ext.kernels import Kernel
+
+ArrayLike = Union[np.ndarray, torch.Tensor, Sequence]
+
+
+def _desc(value: Any) -> str:
+    """Short description of a value for error messages."""
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
+    if isinstance(value, np.ndarray):
+        return f"an array of shape {value.shape} and dtype {value.dtype}"
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{text} ({type(value).__name__})"
+
+
+def check_kernel(kernel: Any, name: str = "kernel") -> Kernel:
+    """Return ``kernel`` if it is a joker_ext kernel object, else raise TypeError."""
+    if not isinstance(kernel, Kernel):
+        raise TypeError(
+            f"{name} must be a joker_ext kernel object (e.g. joker_ext.kernels.GaussianKernel(sigma)), "
+            f"got {_desc(kernel)}"
+        )
+    return kernel
+
+
+def check_int(value: Any, name: str, *, low: Optional[int] = None, high: Optional[int] = None,
+              allow_none: bool = False) -> Optional[int]:
+    """Check an integer argument in ``[low, high]``."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (numbers.Integral,)):
+        raise TypeError(f"{name} must be an integer{' or None' if allow_none else ''}, got {_desc(value)}")
+    value = int(value)
+    if low is not None and value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value}")
+    if high is not None and value > high:
+        raise ValueError(f"{name} must be an integer <= {high}, got {value}")
+    return value
+
+
+def check_float(value: Any, name: str, *, low: Optional[float] = None, high: Optional[float] = None,
+                low_inclusive: bool = True, allow_none: bool = False) -> Optional[float]:
+    """Check a finite real argument with optional bounds."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number{' or None' if allow_none else ''}, got {_desc(value)}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    if low is not None:
+        if low_inclusive and value < low:
+            raise ValueError(f"{name} must be >= {low}, got {value}")
+        if not low_inclusive and value <= low:
+            raise ValueError(f"{name} must be > {low}, got {value}")
+    if high is not None and value > high:
+        raise ValueError(f"{name} must be <= {high}, got {value}")
+    return value
+
+
+def check_choice(value: Any, name: str, choices: Iterable[str]) -> str:
+    """Check that ``value`` is one of the strings ``choices``."""
+    choices = tuple(choices)
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be one of {choices}, got {_desc(value)}")
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    return value
+
+
+def check_dtype(dtype: Any) -> torch.dtype:
+    """Floating torch dtype (float32 or float64)."""
+    if dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"dtype must be torch.float32 or torch.float64, got {_desc(dtype)}")
+    return dtype
+
+
+def check_device(device: Any) -> torch.device:
+    """A torch device (string or torch.device)."""
+    try:
+        return torch.device(device)
+    except (TypeError, RuntimeError) as exc:
+        raise TypeError(f"device must be a torch device or a string such as 'cpu', got {_desc(device)}") from exc
+
+
+def make_generator(seed: Any, name: str = "seed") -> torch.Generator:
+    """A CPU ``torch.Generator`` seeded with ``seed`` (an int)."""
+    seed = check_int(seed, name, low=0)
+    return torch.Generator().manual_seed(seed)
+
+
+def as_matrix(X: Any, name: str, *, dtype: torch.dtype, device: torch.device,
+              n_features: Optional[int] = None) -> torch.Tensor:
+    """Convert ``X`` to a finite 2-D tensor (n, d) of ``dtype`` on ``device``."""
+    if isinstance(X, torch.Tensor):
+        T = X.detach()
+    elif isinstance(X, np.ndarray) or isinstance(X, (list, tuple)):
+        try:
+            T = torch.as_tensor(np.asarray(X, dtype=np.float64))
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"{name} must be a numeric 2-D array or tensor, got {_desc(X)}") from exc
+    else:
+        raise TypeError(f"{name} must be a numpy array or torch tensor of shape (n, d), got {_desc(X)}")
+    if not (T.is_floating_point() or T.dtype in (torch.int32, torch.int64, torch.int16, torch.uint8)):
+        raise TypeError(f"{name} must hold real numbers, got {_desc(X)}")
+    if T.dim() != 2:
+        raise ValueError(f"{name} must be 2-D with shape (n, d), got shape {tuple(T.shape)}")
+    if T.shape[0] < 1 or T.shape[1] < 1:
+        raise ValueError(f"{name} must have at least one row and one column, got shape {tuple(T.shape)}")
+    if n_features is not None and T.shape[1] != n_features:
+        raise ValueError(f"{name} must have {n_features} columns (as the training data), got {T.shape[1]}")
+    T = T.to(device=device, dtype=dtype)
+    if not torch.isfinite(T).all():
+        raise ValueError(f"{name} must be finite, got NaN or infinite entries")
+    return T
+
+
+def as_targets(y: Any, n: int, *, dtype: torch.dtype, device: torch.device, name: str = "y") -> Tuple[torch.Tensor, bool]:
+    """Targets as an (n, t) tensor; the flag says whether ``y`` was 1-D."""
+    if isinstance(y, torch.Tensor):
+        T = y.detach()
+    elif isinstance(y, (np.ndarray, list, tuple)):
+        try:
+            T = torch.as_tensor(np.asarray(y, dtype=np.float64))
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"{name} must be a numeric 1-D or 2-D array, got {_desc(y)}") from exc
+    else:
+        raise TypeError(f"{name} must be a numpy array or torch tensor of shape (n,) or (n, t), got {_desc(y)}")
+    if T.dim() not in (1, 2):
+        raise ValueError(f"{name} must be 1-D (n,) or 2-D (n, t), got shape {tuple(T.shape)}")
+    if T.shape[0] != n:
+        raise ValueError(f"{name} must have {n} rows (one per row of X), got {T.shape[0]}")
+    one_d = T.dim() == 1
+    T = T.to(device=device, dtype=dtype)
+    if one_d:
+        T = T.unsqueeze(1)
+    if T.shape[1] < 1:
+        raise ValueError(f"{name} must have at least one column, got shape {tuple(T.shape)}")
+    if not torch.isfinite(T).all():
+        raise ValueError(f"{name} must be finite, got NaN or infinite entries")
+    return T, one_d
+
+
+def binary_labels(y: Any, n: int, *, dtype: torch.dtype, device: torch.device, name: str = "y"
+                  ) -> Tuple[torch.Tensor, np.ndarray]:
+    """Map two-class labels to -1/+1 (the larger label is +1); returns (signs (n,), classes (2,))."""
+    arr = y.detach().cpu().numpy() if isinstance(y, torch.Tensor) else y
+    if not isinstance(arr, (np.ndarray, list, tuple)):
+        raise TypeError(f"{name} must be a 1-D array or tensor of two-class labels, got {_desc(y)}")
+    arr = np.asarray(arr)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D (n,) with two classes, got shape {arr.shape}")
+    if arr.shape[0] != n:
+        raise ValueError(f"{name} must have {n} entries (one per row of X), got {arr.shape[0]}")
+    classes = np.unique(arr)
+    if classes.shape[0] != 2:
+        raise ValueError(f"{name} must contain exactly two classes, got {classes.shape[0]} distinct values")
+    signs = np.where(arr == classes[1], 1.0, -1.0)
+    return torch.as_tensor(signs, dtype=dtype, device=device), classes
+
+
+def output_like(T: torch.Tensor, like: Any, squeeze: bool) -> Union[np.ndarray, torch.Tensor]:
+    """Return ``T`` as a numpy array when ``like`` is not a tensor, else as a tensor; squeeze a 1-column result."""
+    if squeeze and T.dim() == 2 and T.shape[1] == 1:
+        T = T[:, 0]
+    if isinstance(like, torch.Tensor):
+        return T
+    return T.detach().cpu().numpy()
+
+
+def check_fitted(obj: Any, attr: str) -> None:
+    """Raise a RuntimeError when the estimator has not been fitted."""
+    if getattr(obj, attr, None) is None:
+        raise RuntimeError(f"{type(obj).__name__} is not fitted yet: call fit(X, y) first")
+
+
+def check_callback(callback: Any) -> Optional[Callable[[Dict[str, Any]], Any]]:
+    """``callback`` must be None or callable (it receives a dict of progress information)."""
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be a callable taking a dict, or None, got {_desc(callback)}")
+    return callback
+
+
+def scorer(kernel: Kernel, points: torch.Tensor, coef: torch.Tensor, dtype: torch.dtype, device: torch.device,
+           squeeze: bool, offset: float = 0.0) -> Callable[[Any], Any]:
+    """A function ``X -> K(X, points) coef + offset`` on a snapshot of ``coef`` (for progress callbacks)."""
+    snap = coef.detach().clone()
+
+    def predict(X: Any):
+        Xt = as_matrix(X, "X", dtype=dtype, device=device, n_features=points.shape[1])
+        return output_like(kernel.mmv(Xt, points, snap) + offset, X, squeeze)
+
+    return predict

@@ -1,0 +1,542 @@
+"""EigenPro 2 and EigenPro 3 (seed 001, Abedsoltan, Belkin & Pandit 2023) as harness backends.
+
+Written from the paper's algebra (Algorithm 2, Lemma 5, Lemma 6) and the step rules of the authors' public
+code (read for facts, not copied).
+
+What is reproduced
+------------------
+* **EigenPro 2** (seed 001 Appendix C; Ma & Belkin 2019): preconditioned mini-batch SGD in the RKHS on *all*
+  training points for ``K alpha = y``. The preconditioner removes the top-q Nystrom eigendirections of a
+  subsample ``X_s`` of size s: ``P_s = I - sum_{i<=q} (1 - lambda_{q+1} / lambda_i) psi_i (x) psi_i``
+  (seed 001 eq. 29); on a stochastic gradient ``K(., X_m) g`` it acts as
+  ``K(., X_m) g - K(., X_s) Q_s K(X_s, X_m) g`` with ``Q_s = E_q (I - lambda_{q+1} Lambda_q^{-1}) Lambda_q^{-1}
+  E_q^T`` (Lemma 5; eigenpairs of K(X_s, X_s)). As in the authors' EigenPro 2 code the ratio is damped to
+  ``(lambda_{q+1} / lambda_i)^0.95`` and the step uses ``lam = lambda_1^0.05 lambda_{q+1}^0.95`` (eigenvalues of
+  ``K(X_s, X_s) / s``); ``beta = max k(x, x)``; batch ``m = floor(beta / lam + 1)`` (the critical batch,
+  capped at n); learning rate ``eta = m / beta`` below the critical batch, ``0.99 * 2 m / (beta + (m-1) lam)``
+  above it; each batch's coefficients move by ``eta / m`` times their residual. q defaults to EigenPro 2's
+  automatic rule (the number of eigenvalues with ``lambda_i^-0.95 < s``, minus one).
+* **EigenPro 3** (Algorithm 2): a general kernel model ``f = K(., Z) alpha`` over centres Z, trained by
+  preconditioned SGD on the data plus an *inexact projection* onto span K(., Z): each step solves
+  ``K(Z, Z) theta = h``, ``h = K(Z, X_m) g - K(Z, X_s) Q_s K(X_s, X_m) g``, ``g = K(X_m, Z) alpha - y_m``,
+  by 2 epochs of EigenPro 2 on the centres (from zero), then ``alpha -= (eta / m) theta``. Defaults follow
+  the paper and the authors' code: s = min(n, 5000), q = min(500, s // 10) (their q = 500 for s = 5000),
+  undamped preconditioner, ``eta = m / (2 beta)`` (per-sample factor ``1 / (2 beta)``); projection with
+  ``min(p, 2000)`` Nystrom centres, automatic q, the 0.95 damping and the same halved rate.
+
+Fixed point (Lemma 6, extended to the Nystrom preconditioner [derived]): the expected update vanishes when
+``K(Z, X) W (K(X, Z) alpha - y) = 0`` with ``W = I - S Q_s K(X_s, X)`` (S the n x s selection of X_s); for
+s = n this is the paper's ``W = I - Q`` and ``alpha* = (K_ZX W K_XZ)^{-1} K_ZX W y``: a weighted least-squares
+point, not Falkon's ridge solution. An inexact but non-singular projection does not move it.
+
+What is not reproduced
+----------------------
+* No ridge term in EigenPro (the papers use early stopping). ``EigenPro2(ridge=r)`` is an extension
+  [derived]: the same iteration on ``(K + r I) alpha = y`` (batch residual ``(K alpha + r alpha - y)_B``,
+  ``beta -> beta + r``, ``lam -> lam + r / n``); a Falkon penalty lambda maps to r = n lambda.
+  EigenPro 3 has no ridge option: a penalty is ignored (recorded in ``notes``).
+* The GPU-memory caps on q and on the batch size have no CPU analogue: they are replaced by the subsample
+  size s and by n. The authors' data-loader order, float32/float16 arithmetic and multi-GPU sharding are not
+  reproduced; kernel products go through ``kernel.mmv`` (chunked, exact).
+* With s < n the Nystrom estimate of ``lambda_{q+1}`` can be too small for small s, and the automatic step
+  can then diverge (as it can in the authors' code); divergence is detected and recorded in ``notes``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+
+import numpy as np
+import torch
+
+from joker_ext.kernels import Kernel
+
+from ._common import (
+    as_matrix,
+    as_targets,
+    check_choice,
+    check_device,
+    check_dtype,
+    check_fitted,
+    check_float,
+    check_int,
+    check_callback,
+    check_kernel,
+    make_generator,
+    output_like,
+    scorer,
+)
+
+__all__ = ["EigenPro2", "EigenPro3"]
+
+DEFAULT_NYSTROM = 5000
+DEFAULT_TOP_Q = 500
+DEFAULT_PROJECTION_NYSTROM = 2000
+EP2_EXPONENT = 0.95  # eigenvalue damping of the authors' EigenPro 2 code
+DIVERGENCE_FACTOR = 10.0  # stop when the relative residual exceeds this (it starts at 1)
+
+
+# ---------------------------------------------------------------------------- shared machinery
+class _NystromPreconditioner:
+    """Top-q eigensystem of ``K(X_s, X_s)`` for a random subsample ``X_s`` of the points ``P``.
+
+    With ``lambda_1 >= lambda_2 >= ...`` the eigenvalues of ``K(X_s, X_s) / s`` and ``E`` its unit eigenvectors,
+    stores ``F`` (s x q) with ``F F^T = Q_s = E_q diag((1 - (lambda_{q+1} / lambda_i)^a) / (s lambda_i)) E_q^T``
+    (Lemma 5 of seed 001 for ``a = 1``; the authors' EigenPro 2 code damps the preconditioner with
+    ``a = 0.95``), the top eigenvalue ``top = lambda_1``, the tail ``tail = lambda_{q+1}``, the eigenvalue of
+    the preconditioned operator used for the step, ``lam = lambda_1^(1 - a) lambda_{q+1}^a`` (>= tail), and
+    ``beta = max k(x, x)`` over the subsample.
+
+    ``q='auto'`` is EigenPro 2's rule with an unlimited device memory: q is the number of eigenvalues with
+    ``lambda_i^(-a) < s`` minus one (at least min(5, s - 1)), so that the critical batch stays below s.
+    """
+
+    def __init__(self, kernel: Kernel, P: torch.Tensor, s: int, q: Union[int, str], gen: torch.Generator,
+                 exponent: float = 1.0):
+        n = P.shape[0]
+        idx = torch.randperm(n, generator=gen)[:s].to(P.device)
+        self.idx = idx
+        self.Xs = P[idx]
+        Ks = kernel(self.Xs, self.Xs)
+        Ks = 0.5 * (Ks + Ks.T)
+        evals, evecs = torch.linalg.eigh(Ks / s)
+        evals = evals.flip(0)
+        evecs = evecs.flip(1)
+        self.beta = float(kernel.diag(self.Xs).max())
+        top = max(float(evals[0]), 1e-300)
+        floor = top * torch.finfo(P.dtype).eps
+        if q == "auto":
+            count = int((evals.clamp_min(floor).pow(-exponent) < s).sum())
+            q = max(min(5, s - 1), count - 1)
+        q = int(min(q, s - 1))
+        self.q = q
+        tail = max(float(evals[q]) if q < s else 0.0, floor)
+        self.top = top
+        self.tail = tail
+        self.lam = top ** (1.0 - exponent) * tail ** exponent
+        if q > 0:
+            lam_q = evals[:q].clamp_min(tail)
+            d = (1.0 - (tail / lam_q) ** exponent) / (s * lam_q)
+            self.F = evecs[:, :q] * d.sqrt().unsqueeze(0)
+        else:
+            self.F = torch.zeros(s, 0, dtype=P.dtype, device=P.device)
+
+    def correction(self, kernel: Kernel, XB: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        """``Q_s K(X_s, X_B) g`` (s x t)."""
+        return self.F @ (self.F.T @ kernel.mmv(self.Xs, XB, g))
+
+
+def _default_q(s: int) -> int:
+    """EigenPro 3's data preconditioner level: q = 500 for s = 5000, i.e. ``min(500, max(1, s // 10))``.
+
+    Keeping q at most s/10 matters: the (q+1)-th eigenvalue of a subsample is a poor estimate of the
+    operator's when q approaches s, and an underestimate makes the automatic step diverge.
+    """
+    return int(min(DEFAULT_TOP_Q, max(1, s // 10), max(s - 1, 0)))
+
+
+def _ep2_batch_and_step(beta: float, lam: float, n: int, m: Optional[int], half: bool) -> Tuple[int, float]:
+    """Batch m and per-sample step eta(m) / m of EigenPro 2 (``half=False``) or EigenPro 3 (``half=True``).
+
+    ``m = min(n, floor(beta / lam + 1))`` unless given; below the critical batch ``beta / lam + 1`` the rate is
+    ``eta = m / beta`` (EigenPro 2) or ``m / (2 beta)`` (EigenPro 3), above it
+    ``eta = 0.99 * 2 m / (beta + (m - 1) lam)`` (EigenPro 2) or ``0.99 m / (beta + (m - 1) lam)`` (EigenPro 3).
+    """
+    crit = beta / lam + 1.0 if lam > 0 else math.inf
+    if m is None:
+        m = int(max(1, min(n, math.floor(crit)))) if math.isfinite(crit) else n
+    factor = 0.5 if half else 1.0
+    if m < crit:
+        return m, factor / beta
+    return m, 0.99 * 2.0 * factor / (beta + (m - 1) * lam)
+
+
+def _eigenpro_epoch(kernel: Kernel, P: torch.Tensor, T: torch.Tensor, alpha: torch.Tensor,
+                    pre: _NystromPreconditioner, m: int, step: float, ridge: float,
+                    gen: torch.Generator) -> None:
+    """One epoch of EigenPro 2 on ``(K(P, P) + ridge I) alpha = T``, in place.
+
+    For each batch B: ``g = K(P_B, P) alpha + ridge alpha_B - T_B``; ``alpha_B -= step g``;
+    ``alpha_S += step Q_s K(X_s, P_B) g`` (the Nystrom preconditioner's correction).
+    """
+    n = P.shape[0]
+    perm = torch.randperm(n, generator=gen).to(P.device)
+    for start in range(0, n, m):
+        B = perm[start:start + m]
+        XB = P[B]
+        g = kernel.mmv(XB, P, alpha)
+        if ridge:
+            g = g + ridge * alpha[B]
+        g = g - T[B]
+        corr = pre.correction(kernel, XB, g) if pre.q > 0 else None
+        alpha.index_add_(0, B, g, alpha=-step)
+        if corr is not None:
+            alpha.index_add_(0, pre.idx, corr, alpha=step)
+
+
+def _relative_residual(kernel: Kernel, P: torch.Tensor, alpha: torch.Tensor, T: torch.Tensor, ridge: float) -> float:
+    r = kernel.mmv(P, P, alpha) + ridge * alpha - T
+    return float(r.norm() / T.norm().clamp_min(1e-300))
+
+
+def _check_batch(value: Any, name: str) -> Union[str, int]:
+    if isinstance(value, str):
+        return check_choice(value, name, ("auto",))
+    return check_int(value, name, low=1)
+
+
+def _check_step(value: Any, name: str) -> Union[str, float]:
+    if isinstance(value, str):
+        return check_choice(value, name, ("auto",))
+    return check_float(value, name, low=0.0, low_inclusive=False)
+
+
+# ---------------------------------------------------------------------------- EigenPro 2
+class EigenPro2:
+    """EigenPro 2: Nystrom-preconditioned SGD for ``K alpha = y`` (or ``(K + ridge I) alpha = y``).
+
+    Parameters
+    ----------
+    kernel : joker_ext Kernel
+        The kernel k; its matrix on the training points is K.
+    n_nystrom : int, optional
+        Nystrom subsample size s; default ``min(n, 5000)``.
+    top_q : int, optional
+        Number q of eigendirections removed by the preconditioner; default: EigenPro 2's automatic rule
+        (the number of eigenvalues of ``K(X_s, X_s) / s`` with ``lambda_i^-0.95 < s``, minus one).
+    batch_size : 'auto' or int
+        'auto' is the critical batch ``m = floor(beta / lam + 1)`` capped at n, with ``beta = max k(x, x)``
+        (+ ridge) and ``lam = lambda_1^0.05 lambda_{q+1}^0.95`` (+ ridge / n) from ``K(X_s, X_s) / s``.
+    step : 'auto' or float
+        Learning rate eta of the normalised loss ``(1/2n) ||K alpha - y||^2``: the coefficients of a batch
+        move by ``eta / m`` times their residual. 'auto': ``eta = m / beta`` below the critical batch,
+        ``0.99 * 2 m / (beta + (m - 1) lam)`` above it (EigenPro 2's rule).
+    ridge : float, default 0.0
+        r in ``(K + r I) alpha = y``; a Falkon penalty lambda is honoured by ``ridge = n * lambda``.
+        0 is EigenPro's own problem (kernel interpolation).
+    epochs : int, default 10
+        Passes over the data.
+    tol : float, optional
+        Stop early when the relative residual ``||(K + r I) alpha - y|| / ||y||`` (computed after each
+        epoch when ``track_residual``) falls below ``tol``.
+    track_residual : bool, default True
+        Record the relative residual after each epoch in ``history_`` (one extra pass of kernel products).
+    seed : int, default 0
+    device : str or torch.device, default 'cpu'
+    dtype : torch.float32 or torch.float64, default float64
+
+    Attributes
+    ----------
+    alpha_ : Tensor (n, t)
+        Coefficients: ``f(x) = sum_i alpha_i k(x_i, x)``.
+    history_ : list of (epoch, relative residual)
+    batch_size_, step_, top_q_, n_nystrom_, beta_, lambda_q1_ : the values used.
+    notes : list of str
+        What the backend could not honour.
+    """
+
+    def __init__(self, kernel: Kernel, n_nystrom: Optional[int] = None, top_q: Optional[int] = None,
+                 batch_size: Union[str, int] = "auto", step: Union[str, float] = "auto", ridge: float = 0.0,
+                 epochs: int = 10, tol: Optional[float] = None, track_residual: bool = True, seed: int = 0,
+                 device: Union[str, torch.device] = "cpu", dtype: torch.dtype = torch.float64):
+        self.kernel = check_kernel(kernel)
+        self.n_nystrom = check_int(n_nystrom, "n_nystrom", low=1, allow_none=True)
+        self.top_q = check_int(top_q, "top_q", low=0, allow_none=True)
+        self.batch_size = _check_batch(batch_size, "batch_size")
+        self.step = _check_step(step, "step")
+        self.ridge = check_float(ridge, "ridge", low=0.0)
+        self.epochs = check_int(epochs, "epochs", low=0)
+        self.tol = check_float(tol, "tol", low=0.0, allow_none=True)
+        if not isinstance(track_residual, bool):
+            raise TypeError(f"track_residual must be a bool, got {track_residual!r} ({type(track_residual).__name__})")
+        self.track_residual = track_residual
+        self.seed = check_int(seed, "seed", low=0)
+        self.device = check_device(device)
+        self.dtype = check_dtype(dtype)
+        self.notes: List[str] = []
+        self.alpha_: Optional[torch.Tensor] = None
+
+    def fit(self, X: Any, y: Any, callback: Optional[Callable[[Dict[str, Any]], Any]] = None) -> "EigenPro2":
+        """Run EigenPro 2 iterations on ``(K + ridge I) alpha = y``; y is (n,) or (n, t).
+
+        ``callback(info)``, if given, is called after each epoch with ``info = {'epoch', 'relative_residual'
+        (when tracked), 'predict'}`` where ``predict(X)`` scores with the current coefficients.
+        """
+        callback = check_callback(callback)
+        X = as_matrix(X, "X", dtype=self.dtype, device=self.device)
+        n = X.shape[0]
+        Y, self._one_d = as_targets(y, n, dtype=self.dtype, device=self.device)
+        gen = make_generator(self.seed)
+        notes: List[str] = []
+        s = min(n, DEFAULT_NYSTROM) if self.n_nystrom is None else self.n_nystrom
+        if s > n:
+            raise ValueError(f"n_nystrom must be at most the number of training points n={n}, got {s}")
+        if self.top_q is not None and self.top_q > s - 1:
+            raise ValueError(f"top_q must be at most n_nystrom - 1 = {s - 1}, got {self.top_q}")
+        q = "auto" if self.top_q is None else self.top_q
+        pre = _NystromPreconditioner(self.kernel, X, s, q, gen, exponent=EP2_EXPONENT)
+        beta = pre.beta + self.ridge
+        lam = pre.lam + self.ridge / n
+        m_user = None if self.batch_size == "auto" else min(int(self.batch_size), n)
+        m, per_sample = _ep2_batch_and_step(beta, lam, n, m_user, half=False)
+        if self.step != "auto":
+            per_sample = float(self.step) / m
+        if self.ridge == 0.0:
+            notes.append("no ridge term: a Falkon penalty is ignored (EigenPro 2 solves K alpha = y; "
+                         "pass ridge = n * penalty to honour it)")
+        else:
+            notes.append("ridge > 0 is an extension beyond the EigenPro papers: the same preconditioned SGD "
+                         "on (K + ridge I) alpha = y")
+        alpha = torch.zeros_like(Y)
+        history: List[Tuple[int, float]] = []
+        if self.track_residual:
+            history.append((0, 1.0))
+        for epoch in range(1, self.epochs + 1):
+            _eigenpro_epoch(self.kernel, X, Y, alpha, pre, m, per_sample, self.ridge, gen)
+            if not torch.isfinite(alpha).all():
+                notes.append(f"diverged at epoch {epoch}: the step is too large for this problem")
+                break
+            if self.track_residual:
+                res = _relative_residual(self.kernel, X, alpha, Y, self.ridge)
+                history.append((epoch, res))
+            if callback is not None:
+                info: Dict[str, Any] = {"epoch": epoch, "predict": scorer(self.kernel, X, alpha, self.dtype,
+                                                                         self.device, self._one_d)}
+                if self.track_residual:
+                    info["relative_residual"] = res
+                callback(info)
+            if self.track_residual:
+                if res > DIVERGENCE_FACTOR:
+                    notes.append(f"diverging at epoch {epoch} (relative residual {res:.2e}): the automatic step "
+                                 "is too large for this subsample; raise n_nystrom or lower top_q / step")
+                    break
+                if self.tol is not None and res <= self.tol:
+                    break
+        self.X_ = X
+        self.alpha_ = alpha
+        self.history_ = history
+        self.batch_size_ = m
+        self.step_ = per_sample * m
+        self.top_q_ = pre.q
+        self.n_nystrom_ = s
+        self.beta_ = beta
+        self.lambda_q1_ = pre.tail + self.ridge / n
+        self.notes = notes
+        return self
+
+    def decision_function(self, X: Any) -> Union[np.ndarray, torch.Tensor]:
+        """``f(X) = K(X, X_train) alpha``; numpy in, numpy out; tensor in, tensor out."""
+        check_fitted(self, "alpha_")
+        Xt = as_matrix(X, "X", dtype=self.dtype, device=self.device, n_features=self.X_.shape[1])
+        return output_like(self.kernel.mmv(Xt, self.X_, self.alpha_), X, self._one_d)
+
+    predict = decision_function
+
+    def residual(self) -> float:
+        """Relative training residual ``||(K + ridge I) alpha - y|| / ||y||`` of the current fit."""
+        check_fitted(self, "alpha_")
+        return self.history_[-1][1] if self.history_ else float("nan")
+
+
+# ---------------------------------------------------------------------------- EigenPro 3
+_EP3_NO_RIDGE = ("no ridge term: a Falkon penalty is ignored (EigenPro 3 minimises the plain squared loss over "
+                 "span K(., Z); its fixed point is a weighted least-squares solution, not Falkon's)")
+
+
+class EigenPro3:
+    """EigenPro 3: projected preconditioned SGD for a kernel model on centres Z (seed 001, Algorithm 2).
+
+    Minimises ``sum_i (f(x_i) - y_i)^2`` over ``f = K(., Z) alpha`` (no ridge term).
+
+    Parameters
+    ----------
+    kernel : joker_ext Kernel
+    centers : array (p, d), optional
+        The centres Z. Give either ``centers`` or ``n_centers``.
+    n_centers : int, optional
+        Number p of centres drawn uniformly (without replacement) from the training points.
+    n_nystrom : int, optional
+        Data preconditioner subsample size s; default ``min(n, 5000)``.
+    top_q : int, optional
+        Data preconditioner level q; default ``min(500, s // 10)``.
+    batch_size : 'auto' or int
+        'auto': ``m = floor(beta / lambda_{q+1} + 1)`` (capped at n) with ``beta = max k(x, x)`` and
+        lambda_{q+1} the (q+1)-th eigenvalue of ``K(X_s, X_s) / s``.
+    step : 'auto' or float
+        eta; the update is ``alpha -= (eta / m) theta``. 'auto': ``eta = m / (2 beta)`` below the critical
+        batch, ``0.99 m / (beta + (m - 1) lambda_{q+1})`` above it.
+    epochs : int, default 10
+    projection : {'eigenpro2', 'exact'}
+        How ``K(Z, Z) theta = h`` is solved: ``projection_epochs`` epochs of EigenPro 2 from zero (the paper)
+        or a Cholesky factorisation of K(Z, Z) (Algorithm 1's exact projection; for checks).
+    projection_epochs : int, default 2
+    projection_nystrom : int, optional
+        Nystrom size of the projection's preconditioner; default ``min(p, 2000)``.
+    projection_top_q : int, optional
+        Its level; default: EigenPro 2's automatic rule (see :class:`EigenPro2`).
+    track_residual : bool, default True
+        Record ``||K(X, Z) alpha - y|| / ||y||`` after each epoch.
+    seed, device, dtype : as :class:`EigenPro2`.
+
+    Attributes
+    ----------
+    centers_ : Tensor (p, d)
+    alpha_ : Tensor (p, t)
+    history_ : list of (epoch, relative residual ``||K(X, Z) alpha - y|| / ||y||``)
+    notes : list of str
+    """
+
+    def __init__(self, kernel: Kernel, centers: Any = None, n_centers: Optional[int] = None,
+                 n_nystrom: Optional[int] = None, top_q: Optional[int] = None,
+                 batch_size: Union[str, int] = "auto", step: Union[str, float] = "auto", epochs: int = 10,
+                 projection: str = "eigenpro2", projection_epochs: int = 2,
+                 projection_nystrom: Optional[int] = None, projection_top_q: Optional[int] = None,
+                 track_residual: bool = True, seed: int = 0,
+                 device: Union[str, torch.device] = "cpu", dtype: torch.dtype = torch.float64):
+        self.kernel = check_kernel(kernel)
+        if centers is None and n_centers is None:
+            raise ValueError("EigenPro3 needs the centres: pass centers (array (p, d)) or n_centers (int), got neither")
+        if centers is not None and n_centers is not None:
+            raise ValueError(f"pass either centers or n_centers, not both (got centers and n_centers={n_centers!r})")
+        self.device = check_device(device)
+        self.dtype = check_dtype(dtype)
+        self.centers = None if centers is None else as_matrix(centers, "centers", dtype=self.dtype, device=self.device)
+        self.n_centers = check_int(n_centers, "n_centers", low=1, allow_none=True)
+        self.n_nystrom = check_int(n_nystrom, "n_nystrom", low=1, allow_none=True)
+        self.top_q = check_int(top_q, "top_q", low=0, allow_none=True)
+        self.batch_size = _check_batch(batch_size, "batch_size")
+        self.step = _check_step(step, "step")
+        self.epochs = check_int(epochs, "epochs", low=0)
+        self.projection = check_choice(projection, "projection", ("eigenpro2", "exact"))
+        self.projection_epochs = check_int(projection_epochs, "projection_epochs", low=1)
+        self.projection_nystrom = check_int(projection_nystrom, "projection_nystrom", low=1, allow_none=True)
+        self.projection_top_q = check_int(projection_top_q, "projection_top_q", low=0, allow_none=True)
+        if not isinstance(track_residual, bool):
+            raise TypeError(f"track_residual must be a bool, got {track_residual!r} ({type(track_residual).__name__})")
+        self.track_residual = track_residual
+        self.seed = check_int(seed, "seed", low=0)
+        self.notes: List[str] = [_EP3_NO_RIDGE]
+        self.alpha_: Optional[torch.Tensor] = None
+
+    # -------------------------------------------------------------- projection K(Z, Z) theta = h
+    def _setup_projection(self, Z: torch.Tensor, gen: torch.Generator) -> None:
+        p = Z.shape[0]
+        if self.projection == "exact":
+            Kzz = self.kernel(Z, Z)
+            Kzz = 0.5 * (Kzz + Kzz.T)
+            jitter = 0.0
+            scale = float(Kzz.diagonal().mean())
+            for _ in range(12):
+                L, info = torch.linalg.cholesky_ex(Kzz + jitter * torch.eye(p, dtype=Z.dtype, device=Z.device))
+                if int(info) == 0:
+                    break
+                jitter = max(jitter * 10.0, scale * torch.finfo(Z.dtype).eps * p)
+            else:  # pragma: no cover - pathological kernels
+                raise RuntimeError("K(Z, Z) could not be factorised even with jitter")
+            if jitter > 0:
+                self.notes.append(f"exact projection: K(Z, Z) factorised with jitter {jitter:.1e}")
+            self._chol = L
+            return
+        s = min(p, DEFAULT_PROJECTION_NYSTROM) if self.projection_nystrom is None else min(self.projection_nystrom, p)
+        if self.projection_top_q is not None and self.projection_top_q > s - 1:
+            raise ValueError(f"projection_top_q must be at most projection_nystrom - 1 = {s - 1}, "
+                             f"got {self.projection_top_q}")
+        q = "auto" if self.projection_top_q is None else self.projection_top_q
+        pre = _NystromPreconditioner(self.kernel, Z, s, q, gen, exponent=EP2_EXPONENT)
+        self._proj_pre = pre
+        self._proj_m, self._proj_step = _ep2_batch_and_step(pre.beta, pre.lam, p, None, half=True)
+
+    def _project(self, Z: torch.Tensor, h: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        if self.projection == "exact":
+            return torch.cholesky_solve(h, self._chol)
+        theta = torch.zeros_like(h)
+        for _ in range(self.projection_epochs):
+            _eigenpro_epoch(self.kernel, Z, h, theta, self._proj_pre, self._proj_m, self._proj_step, 0.0, gen)
+        return theta
+
+    # -------------------------------------------------------------- fit / predict
+    def fit(self, X: Any, y: Any, callback: Optional[Callable[[Dict[str, Any]], Any]] = None) -> "EigenPro3":
+        """Run EigenPro 3 on (X, y); y is (n,) or (n, t).
+
+        ``callback(info)`` as in :meth:`EigenPro2.fit` (after each epoch).
+        """
+        callback = check_callback(callback)
+        X = as_matrix(X, "X", dtype=self.dtype, device=self.device)
+        n, d = X.shape
+        Y, self._one_d = as_targets(y, n, dtype=self.dtype, device=self.device)
+        gen = make_generator(self.seed)
+        self.notes = [_EP3_NO_RIDGE]
+        if self.centers is not None:
+            if self.centers.shape[1] != d:
+                raise ValueError(f"centers must have {d} columns (as X), got {self.centers.shape[1]}")
+            Z = self.centers
+        else:
+            if self.n_centers > n:
+                raise ValueError(f"n_centers must be at most the number of training points n={n}, got {self.n_centers}")
+            Z = X[torch.randperm(n, generator=gen)[: self.n_centers].to(X.device)]
+        s = min(n, DEFAULT_NYSTROM) if self.n_nystrom is None else self.n_nystrom
+        if s > n:
+            raise ValueError(f"n_nystrom must be at most the number of training points n={n}, got {s}")
+        q = _default_q(s) if self.top_q is None else self.top_q
+        if q > s - 1:
+            raise ValueError(f"top_q must be at most n_nystrom - 1 = {s - 1}, got {q}")
+        pre = _NystromPreconditioner(self.kernel, X, s, q, gen, exponent=1.0)
+        beta, lam = pre.beta, pre.lam
+        m_user = None if self.batch_size == "auto" else min(int(self.batch_size), n)
+        m, per_sample = _ep2_batch_and_step(beta, lam, n, m_user, half=True)
+        if self.step != "auto":
+            per_sample = float(self.step) / m
+        # G = K(Z, X_s) F so that K(Z, X_s) Q_s K(X_s, X_B) g = G (F^T K(X_s, X_B) g)
+        G = self.kernel.mmv(Z, pre.Xs, pre.F) if pre.q > 0 else None
+        self._setup_projection(Z, gen)
+        alpha = torch.zeros(Z.shape[0], Y.shape[1], dtype=self.dtype, device=self.device)
+        history: List[Tuple[int, float]] = [(0, 1.0)] if self.track_residual else []
+        for epoch in range(1, self.epochs + 1):
+            perm = torch.randperm(n, generator=gen).to(X.device)
+            for start in range(0, n, m):
+                B = perm[start:start + m]
+                XB = X[B]
+                g = self.kernel.mmv(XB, Z, alpha) - Y[B]
+                h = self.kernel.mmv(Z, XB, g)
+                if G is not None:
+                    h = h - G @ (pre.F.T @ self.kernel.mmv(pre.Xs, XB, g))
+                theta = self._project(Z, h, gen)
+                alpha -= per_sample * theta
+            if not torch.isfinite(alpha).all():
+                self.notes.append(f"diverged at epoch {epoch}: the step is too large for this problem")
+                break
+            if self.track_residual:
+                r = self.kernel.mmv(X, Z, alpha) - Y
+                res = float(r.norm() / Y.norm().clamp_min(1e-300))
+                history.append((epoch, res))
+            if callback is not None:
+                info: Dict[str, Any] = {"epoch": epoch, "predict": scorer(self.kernel, Z, alpha, self.dtype,
+                                                                         self.device, self._one_d)}
+                if self.track_residual:
+                    info["relative_residual"] = res
+                callback(info)
+            if self.track_residual:
+                if res > DIVERGENCE_FACTOR:
+                    self.notes.append(f"diverging at epoch {epoch} (relative residual {res:.2e}): lower step")
+                    break
+        self.X_n_features_ = d
+        self.centers_ = Z
+        self.alpha_ = alpha
+        self.history_ = history
+        self.batch_size_ = m
+        self.step_ = per_sample * m
+        self.top_q_ = pre.q
+        self.n_nystrom_ = s
+        self.beta_ = beta
+        self.lambda_q1_ = pre.tail
+        self.nystrom_indices_ = pre.idx
+        self.preconditioner_factor_ = pre.F
+        return self
+
+    def decision_function(self, X: Any) -> Union[np.ndarray, torch.Tensor]:
+        """``f(X) = K(X, Z) alpha``; numpy in, numpy out; tensor in, tensor out."""
+        check_fitted(self, "alpha_")
+        Xt = as_matrix(X, "X", dtype=self.dtype, device=self.device, n_features=self.X_n_features_)
+        return output_like(self.kernel.mmv(Xt, self.centers_, self.alpha_), X, self._one_d)
+
+    predict = decision_function

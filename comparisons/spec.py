@@ -1,0 +1,615 @@
+"""One experiment specification for every backend of the comparison harness.
+
+An :class:`ExperimentSpec` says *what problem* to solve (data, task, loss, kernel, bandwidth, penalty,
+model size) and *how much effort* to spend (budget in iterations, epochs or seconds); every backend
+translates it into its own parameters through :mod:`joker_ext.conversions` (CONVENTIONS.md section 2)
+and reports in its ``notes`` what it could not honour.
+
+Conventions
+-----------
+penalty
+    Falkon's ``lambda``: squared loss minimises ``(1/n) ||y - f||^2 + lambda ||f||_H^2``, logistic loss
+    ``(1/n) sum_i l(y_i, f(x_i)) + (lambda / 2) ||f||_H^2``. Both are Joker's
+    ``1/2 ||f||^2 + C sum_i l(y_i, f(x_i))`` with ``C = 1 / (n lambda)`` (l the registry's loss, the squared
+    loss carrying its 1/2).
+sigma
+    The bandwidth of :mod:`joker_ext.kernels` (Gaussian ``exp(-||x - y||^2 / (2 sigma^2))``, Laplacian
+    ``exp(-||x - y|| / sigma)``), or ``'median'``: the median pairwise distance of the training points,
+    resolved *once* by the harness so that every backend gets the same number.
+M
+    Model size: Nystrom centres (Falkon, EigenPro 3, ``joker_nystrom``) or random features (``joker_rf``,
+    DSG). ``None`` means the exact kernel (centres = all training points).
+budget
+    ``iterations`` (each solver's own outer iterations: Joker block iterations, Falkon CG iterations,
+    ADMM iterations, ...), ``epochs`` (passes over the data, for the stochastic solvers; Joker converts
+    them to block iterations) and ``seconds``: the hard wall-clock limit of one run, enforced by killing
+    its process; iterative backends are also told to stop by themselves after ``soft_seconds``.
+
+Sources of a spec: :func:`spec_from_args` (command-line flags), :func:`load_toml` (a TOML file, read with
+``tomllib`` on Python >= 3.11 or ``tomli`` on 3.10) and :func:`quick_suite` (the default main job).
+
+TOML layout (every key of :class:`ExperimentSpec` may appear at the top level, in ``[defaults]`` or in
+an ``[[experiment]]`` table; the more specific wins; ``M`` may be a list, which expands into one
+experiment per value)::
+
+    out = "results"                  # optional: output folder
+    [defaults]
+    kernel = "gaussian"
+    sigma = "median"
+    penalty = 1e-5
+    backends = ["joker", "falkon", "sklearn"]
+
+    [[experiment]]
+    dataset = "flights"
+    task = "regression"
+    n_train = 3000
+    M = [500, 1000]
+
+    [[experiment]]
+    dataset = "magic"
+    loss = "logistic"
+
+    [options.joker]                  # backend-specific extras, passed to that backend only
+    block_size = 1024
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+__all__ = [
+    "ExperimentSpec",
+    "TASKS",
+    "KERNELS",
+    "REGRESSION_LOSSES",
+    "CLASSIFICATION_LOSSES",
+    "ALL_BACKENDS",
+    "DEFAULT_BACKENDS",
+    "QUICK_BACKENDS",
+    "load_toml",
+    "specs_from_mapping",
+    "spec_from_args",
+    "quick_suite",
+    "build_parser",
+    "parse_backends",
+]
+
+TASKS = ("regression", "binary", "multiclass")
+KERNELS = ("gaussian", "laplacian", "laplacian_l1", "matern")
+REGRESSION_LOSSES = ("squared", "huber", "epsilon_insensitive", "absolute", "pinball")
+CLASSIFICATION_LOSSES = ("squared", "hinge", "squared_hinge", "logistic")
+DTYPES = ("float32", "float64")
+
+#: Every backend the harness knows (the modules of :mod:`comparisons.backends`).
+ALL_BACKENDS = (
+    "joker",
+    "joker_rf",
+    "joker_nystrom",
+    "falkon",
+    "sklearn",
+    "gpytorch",
+    "eigenpro2",
+    "eigenpro3",
+    "askotch",
+    "dsg",
+    "admm_svm",
+)
+#: Backends run when none are named.
+DEFAULT_BACKENDS = ALL_BACKENDS
+QUICK_BACKENDS = ALL_BACKENDS
+
+
+def _bad(arg: str, expected: str, got: Any) -> ValueError:
+    return ValueError(f"{arg} must be {expected}, got {got!r}")
+
+
+def _type_bad(arg: str, expected: str, got: Any) -> TypeError:
+    return TypeError(f"{arg} must be {expected}, got {got!r} ({type(got).__name__})")
+
+
+def _opt_int(value: Any, arg: str, low: int = 1) -> Optional[int]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        else:
+            raise _type_bad(arg, f"an integer >= {low} or None", value)
+    if value < low:
+        raise _bad(arg, f"an integer >= {low}", value)
+    return int(value)
+
+
+def _opt_pos(value: Any, arg: str, allow_none: bool = True, allow_zero: bool = False) -> Optional[float]:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _type_bad(arg, "a positive number" + (" or None" if allow_none else ""), value)
+    v = float(value)
+    if not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
+        raise _bad(arg, "a positive finite number", value)
+    return v
+
+
+def parse_backends(value: Any) -> Tuple[str, ...]:
+    """``'joker,falkon'``, ``['joker', 'falkon']`` or ``'all'`` -> a tuple of known backend names."""
+    if isinstance(value, str):
+        items = [v.strip() for v in value.split(",") if v.strip()]
+    elif isinstance(value, (list, tuple)):
+        items = [str(v).strip() for v in value]
+    else:
+        raise _type_bad("backends", "a comma-separated string or a list of backend names", value)
+    if items == ["all"]:
+        return ALL_BACKENDS
+    if not items:
+        raise _bad("backends", f"a non-empty list of names from {ALL_BACKENDS}", value)
+    unknown = [b for b in items if b not in ALL_BACKENDS]
+    if unknown:
+        raise _bad("backends", f"names from {ALL_BACKENDS} (or 'all')", ",".join(unknown))
+    return tuple(dict.fromkeys(items))  # keep order, drop duplicates
+
+
+@dataclass
+class ExperimentSpec:
+    """One comparison experiment: the problem, the model size and the budget, in one convention.
+
+    Parameters
+    ----------
+    dataset : str
+        A name accepted by :func:`comparisons.datasets.load` (``'flights'``, ``'magic'``, ``'letter'``,
+        ``'digits'``, ``'synthetic'``, ``'msd'`` with ``data_path``, ...).
+    task : {'regression', 'binary', 'multiclass'}, optional
+        ``None`` takes the set's natural task.
+    loss : str, optional
+        A Joker registry loss; ``None`` means ``'squared'`` (the one loss every backend solves; for
+        classification it is least squares on -1/+1 targets, Falkon's and EigenPro's classifier).
+    kernel : {'gaussian', 'laplacian', 'laplacian_l1', 'matern'}
+    sigma : float or 'median'
+        Bandwidth (see the module docstring); 'median' is resolved once, on the training points.
+    nu : float
+        Matern smoothness (kernel='matern' only).
+    penalty : float
+        Falkon's lambda; Joker's ``C = 1 / (n lambda)``.
+    M : int, optional
+        Centres or random features; ``None`` = exact kernel.
+    backends : tuple of str
+        Backends to run (see :data:`ALL_BACKENDS`).
+    n_train, n_test : int, optional
+        Seeded subsample sizes (``None`` = the whole split).
+    iterations, epochs : optional
+        Budget in each solver's iterations, or in passes over the data.
+    seconds : float
+        Hard time limit of one run (its process is killed after that).
+    tol : float, optional
+        Convergence tolerance handed to solvers that have one (Joker: relative duality gap).
+    dtype : {'float32', 'float64'}
+    device : str
+    seed : int
+        Seed of the split, the subsamples, the centres / features and the solvers.
+    repeats : int
+        Runs per backend (repeat r uses seed ``seed + r`` for the solver, the same data).
+    epsilon, delta, quantile : float
+        Parameters of the epsilon-insensitive, Huber and pinball losses.
+    standardize_y : bool
+        Regression: every backend sees z-scored targets (no backend has to model an offset); metrics are
+        reported in the original units.
+    data_path : str, optional
+        Location of a local data file (MSD, HEPC, SUSY, HIGGS, CIFAR-5M).
+    options : dict
+        Backend-specific extras, ``{backend: {name: value}}``, passed to that backend only.
+    name : str, optional
+        A label of the experiment (default: built from dataset, task and loss).
+    """
+
+    dataset: str = "flights"
+    task: Optional[str] = None
+    loss: Optional[str] = None
+    kernel: str = "gaussian"
+    sigma: Union[float, str] = "median"
+    nu: float = 1.5
+    penalty: float = 1e-5
+    M: Optional[int] = None
+    backends: Tuple[str, ...] = DEFAULT_BACKENDS
+    n_train: Optional[int] = 3000
+    n_test: Optional[int] = 2000
+    iterations: Optional[int] = None
+    epochs: Optional[float] = None
+    seconds: float = 600.0
+    tol: Optional[float] = None
+    dtype: str = "float64"
+    device: str = "cpu"
+    seed: int = 0
+    repeats: int = 1
+    epsilon: float = 0.1
+    delta: float = 1.0
+    quantile: float = 0.5
+    standardize_y: bool = True
+    data_path: Optional[str] = None
+    options: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    name: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> "ExperimentSpec":
+        """Check every field; raise ValueError / TypeError naming the field, what was expected, what came."""
+        if not isinstance(self.dataset, str) or not self.dataset.strip():
+            raise _type_bad("dataset", "a data set name (str)", self.dataset)
+        if self.task is not None and self.task not in TASKS:
+            raise _bad("task", f"one of {TASKS} or None", self.task)
+        if self.loss is not None:
+            from joker_ext.losses import available_losses
+
+            if not isinstance(self.loss, str) or self.loss not in available_losses():
+                raise _bad("loss", f"a registered loss {available_losses()} or None", self.loss)
+            if self.task == "regression" and self.loss not in REGRESSION_LOSSES:
+                raise _bad("loss", f"a regression loss {REGRESSION_LOSSES} for task='regression'", self.loss)
+            if self.task in ("binary", "multiclass") and self.loss not in CLASSIFICATION_LOSSES:
+                raise _bad("loss", f"a classification loss {CLASSIFICATION_LOSSES} for task={self.task!r}",
+                           self.loss)
+        if self.kernel not in KERNELS:
+            raise _bad("kernel", f"one of {KERNELS}", self.kernel)
+        if isinstance(self.sigma, str):
+            if self.sigma != "median":
+                try:
+                    self.sigma = float(self.sigma)
+                except ValueError:
+                    raise _bad("sigma", "a positive number or 'median'", self.sigma) from None
+        if not isinstance(self.sigma, str):
+            self.sigma = _opt_pos(self.sigma, "sigma", allow_none=False)
+        self.nu = _opt_pos(self.nu, "nu", allow_none=False)
+        if self.kernel == "matern" and self.nu not in (0.5, 1.5, 2.5):
+            raise _bad("nu", "0.5, 1.5 or 2.5 for kernel='matern' (the values every backend supports)", self.nu)
+        self.penalty = _opt_pos(self.penalty, "penalty", allow_none=False)
+        self.M = _opt_int(self.M, "M")
+        self.backends = parse_backends(self.backends)
+        self.n_train = _opt_int(self.n_train, "n_train", low=2)
+        self.n_test = _opt_int(self.n_test, "n_test")
+        self.iterations = _opt_int(self.iterations, "iterations")
+        self.epochs = _opt_pos(self.epochs, "epochs")
+        self.seconds = _opt_pos(self.seconds, "seconds", allow_none=False)
+        self.tol = _opt_pos(self.tol, "tol", allow_zero=True)
+        if self.dtype not in DTYPES:
+            raise _bad("dtype", f"one of {DTYPES}", self.dtype)
+        if not isinstance(self.device, str) or not self.device:
+            raise _type_bad("device", "a torch device string such as 'cpu' or 'cuda:0'", self.device)
+        self.seed = _opt_int(self.seed, "seed", low=0)
+        if self.seed is None:
+            raise _bad("seed", "an integer >= 0", None)
+        self.repeats = _opt_int(self.repeats, "repeats")
+        if self.repeats is None:
+            raise _bad("repeats", "an integer >= 1", None)
+        self.epsilon = _opt_pos(self.epsilon, "epsilon", allow_none=False, allow_zero=True)
+        self.delta = _opt_pos(self.delta, "delta", allow_none=False)
+        self.quantile = _opt_pos(self.quantile, "quantile", allow_none=False)
+        if not 0 < self.quantile < 1:
+            raise _bad("quantile", "a number in (0, 1)", self.quantile)
+        if not isinstance(self.standardize_y, bool):
+            raise _type_bad("standardize_y", "a bool", self.standardize_y)
+        if self.data_path is not None and not isinstance(self.data_path, str):
+            self.data_path = str(self.data_path)
+        if not isinstance(self.options, dict) or not all(
+            isinstance(k, str) and isinstance(v, dict) for k, v in self.options.items()
+        ):
+            raise _type_bad("options", "a dict {backend: {option: value}}", self.options)
+        unknown = [k for k in self.options if k not in ALL_BACKENDS]
+        if unknown:
+            raise _bad("options", f"keys among the backends {ALL_BACKENDS}", unknown)
+        if self.name is not None and not isinstance(self.name, str):
+            raise _type_bad("name", "a string or None", self.name)
+        return self
+
+    # ------------------------------------------------------------------ derived quantities
+    @property
+    def effective_loss(self) -> str:
+        """The loss, with the default ``'squared'`` filled in."""
+        return self.loss or "squared"
+
+    @property
+    def soft_seconds(self) -> float:
+        """Time after which iterative backends stop by themselves (a margin before the hard kill)."""
+        return max(1.0, 0.7 * self.seconds)
+
+    @property
+    def label(self) -> str:
+        """A short name of the experiment."""
+        if self.name:
+            return self.name
+        task = self.task or "auto"
+        return f"{self.dataset}-{task}-{self.effective_loss}"
+
+    def backend_options(self, backend: str) -> Dict[str, Any]:
+        """The extras given for ``backend`` (a copy)."""
+        return dict(self.options.get(backend, {}))
+
+    def replace(self, **changes: Any) -> "ExperimentSpec":
+        """A validated copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """A JSON-ready dict (inverse of :meth:`from_dict`)."""
+        d = dataclasses.asdict(self)
+        d["backends"] = list(self.backends)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "ExperimentSpec":
+        """Build a spec from a mapping; unknown keys raise ValueError naming them."""
+        if not isinstance(d, dict):
+            raise _type_bad("spec", "a mapping of ExperimentSpec fields", d)
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(k for k in d if k not in names)
+        if unknown:
+            raise ValueError(f"unknown experiment keys {unknown}; known keys are {sorted(names)}")
+        return cls(**d)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+
+# ---------------------------------------------------------------------------- TOML
+def _read_toml(path: Union[str, Path]) -> Dict[str, Any]:
+    try:
+        import tomllib as toml  # Python >= 3.11
+    except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+        try:
+            import tomli as toml  # type: ignore[no-redef]
+        except ModuleNotFoundError:
+            raise ImportError(
+                "reading a TOML experiment file needs Python >= 3.11 (tomllib) or the 'tomli' package on "
+                f"Python {sys.version_info.major}.{sys.version_info.minor}: pip install tomli"
+            ) from None
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"config: no TOML file at {str(p)!r}")
+    with open(p, "rb") as fh:
+        return toml.load(fh)
+
+
+def _expand_M(d: Dict[str, Any]) -> List[Dict[str, Any]]:
+    M = d.get("M")
+    if isinstance(M, (list, tuple)):
+        if not M:
+            raise _bad("M", "an integer, None or a non-empty list of integers", M)
+        return [dict(d, M=m) for m in M]
+    return [d]
+
+
+def specs_from_mapping(doc: Dict[str, Any]) -> Tuple[List[ExperimentSpec], Dict[str, Any]]:
+    """Experiments described by a parsed TOML document (or any mapping of the same layout).
+
+    Returns the list of specs and the run settings found at the top level (``out``, ``isolation``,
+    ``figures``).
+    """
+    names = {f.name for f in dataclasses.fields(ExperimentSpec)}
+    run_keys = {"out", "isolation", "figures"}
+    known_top = names | run_keys | {"defaults", "experiment", "options"}
+    unknown = sorted(k for k in doc if k not in known_top)
+    if unknown:
+        raise ValueError(f"unknown top-level keys {unknown} in the experiment file; known: {sorted(known_top)}")
+    base = {k: v for k, v in doc.items() if k in names}
+    base.update(doc.get("defaults", {}) or {})
+    options = dict(doc.get("options", {}) or {})
+    experiments = doc.get("experiment", [{}])
+    if isinstance(experiments, dict):
+        experiments = [experiments]
+    if not isinstance(experiments, list) or not all(isinstance(e, dict) for e in experiments):
+        raise _type_bad("experiment", "a list of tables ([[experiment]])", experiments)
+    specs: List[ExperimentSpec] = []
+    for e in experiments:
+        d = dict(base)
+        d.update(e)
+        opts = {k: dict(v) for k, v in options.items()}
+        for k, v in (e.get("options", {}) or {}).items():
+            opts.setdefault(k, {}).update(v)
+        d["options"] = opts
+        for dd in _expand_M(d):
+            specs.append(ExperimentSpec.from_dict(dd))
+    run = {k: doc[k] for k in run_keys if k in doc}
+    return specs, run
+
+
+def load_toml(path: Union[str, Path]) -> Tuple[List[ExperimentSpec], Dict[str, Any]]:
+    """Read experiments from a TOML file (layout in the module docstring)."""
+    return specs_from_mapping(_read_toml(path))
+
+
+# ---------------------------------------------------------------------------- the main job
+def quick_suite(seed: int = 0) -> List[ExperimentSpec]:
+    """The default main job: real data, small sizes, every available backend, matched hyperparameters.
+
+    * flights regression (arrival delay), squared loss, Gaussian kernel, sigma = median, penalty 1e-5,
+      M = 1000 centres / features, 2,000 training points;
+    * magic (KEEL) binary, squared loss on -1/+1 (the loss Falkon, EigenPro and ASkotch solve), same kernel,
+      penalty 1e-6, M = 1000;
+    * magic binary with the logistic loss (Joker, LogisticFalkon, scikit-learn, DSG) and with the hinge
+      loss (Joker, scikit-learn SVC, ADMM SVM, DSG);
+    * a model-size sweep on flights (M = 250 and 500, beside the M = 1000 above) of the backends whose
+      memory and time depend on M, for the memory-against-model-size figure.
+    """
+    common = dict(kernel="gaussian", sigma="median", n_train=2000, n_test=2000, seed=seed, seconds=60.0,
+                  dtype="float64")
+    specs = [
+        ExperimentSpec(dataset="flights", task="regression", loss="squared", penalty=1e-5, M=1000,
+                       backends=QUICK_BACKENDS, name="flights-regression-squared", **common),
+        ExperimentSpec(dataset="magic", task="binary", loss="squared", penalty=1e-6, M=1000,
+                       backends=QUICK_BACKENDS, name="magic-binary-squared", **common),
+        ExperimentSpec(dataset="magic", task="binary", loss="logistic", penalty=1e-6, M=1000,
+                       backends=("joker", "falkon", "sklearn", "dsg"), name="magic-binary-logistic", **common),
+        ExperimentSpec(dataset="magic", task="binary", loss="hinge", penalty=1e-6, M=1000,
+                       backends=("joker", "sklearn", "admm_svm", "dsg"), name="magic-binary-hinge", **common),
+    ]
+    for m in (250, 500):
+        specs.append(ExperimentSpec(dataset="flights", task="regression", loss="squared", penalty=1e-5, M=m,
+                                    backends=("joker_rf", "joker_nystrom", "falkon", "eigenpro3"),
+                                    name="flights-regression-squared", **common))
+    return specs
+
+
+# ---------------------------------------------------------------------------- command line
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m comparisons",
+        description=(
+            "Compare Joker, Falkon, scikit-learn, GPyTorch and the seed papers' solvers (EigenPro 2/3, ASkotch, "
+            "doubly stochastic gradients, ADMM SVM) on one problem given once: every backend translates the "
+            "same hyperparameters (penalty in Falkon's convention, bandwidth sigma) into its own, runs in its "
+            "own process and reports fit / predict time, peak memory and test metrics. Writes results.csv, "
+            "per-run traces and figures into --out and prints a markdown table."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--quick", action="store_true",
+                   help="the default main job (flights regression and magic classification, every available "
+                        "backend, a few minutes on 2 cores); other flags override its settings")
+    p.add_argument("--config", metavar="TOML", help="experiments from a TOML file (see comparisons/spec.py)")
+    p.add_argument("--dataset", help="data set name: flights, magic, letter, digits, synthetic, msd, ...")
+    p.add_argument("--task", choices=TASKS, help="learning task (default: the set's natural task)")
+    p.add_argument("--loss", help="Joker registry loss (default squared)")
+    p.add_argument("--kernel", choices=KERNELS, help="kernel family (default gaussian)")
+    p.add_argument("--sigma", help="bandwidth, or 'median' (default)")
+    p.add_argument("--nu", type=float, help="Matern smoothness (0.5, 1.5, 2.5)")
+    p.add_argument("--penalty", type=float, help="ridge penalty lambda in Falkon's convention (default 1e-5)")
+    p.add_argument("--M", type=str, help="centres / random features; 'exact' for none; a comma list sweeps")
+    p.add_argument("--backends", help=f"comma-separated subset of {','.join(ALL_BACKENDS)} (or 'all')")
+    p.add_argument("--n-train", type=int, dest="n_train", help="training points (seeded subsample)")
+    p.add_argument("--n-test", type=int, dest="n_test", help="test points (seeded subsample)")
+    p.add_argument("--iterations", type=int, help="budget: each solver's iterations")
+    p.add_argument("--epochs", type=float, help="budget: passes over the data (stochastic solvers)")
+    p.add_argument("--seconds", type=float, help="budget: hard time limit of one run in seconds")
+    p.add_argument("--tol", type=float, help="solver tolerance (Joker: relative duality gap)")
+    p.add_argument("--dtype", choices=DTYPES, help="floating point type (default float64)")
+    p.add_argument("--device", help="torch device (default cpu)")
+    p.add_argument("--seed", type=int, help="seed of the split, subsamples and solvers (default 0)")
+    p.add_argument("--repeats", type=int, help="runs per backend (default 1)")
+    p.add_argument("--data-path", dest="data_path", help="local file for msd / hepc / susy / higgs / cifar5m")
+    p.add_argument("--epsilon", type=float, help="epsilon of the epsilon-insensitive loss")
+    p.add_argument("--delta", type=float, help="delta of the Huber loss")
+    p.add_argument("--quantile", type=float, help="quantile of the pinball loss")
+    p.add_argument("--option", action="append", default=[], metavar="BACKEND.KEY=VALUE",
+                   help="backend-specific extra, e.g. joker.block_size=1024 (repeatable; VALUE read as JSON "
+                        "when possible)")
+    p.add_argument("--out", help="output folder (default results/quick for --quick, else results)")
+    p.add_argument("--isolation", choices=("forkserver", "spawn"),
+                   help="how run processes start: forked from a server that has imported the libraries "
+                        "once (default), or fresh interpreters")
+    p.add_argument("--no-figures", action="store_true", help="skip the matplotlib figures")
+    p.add_argument("--list-backends", action="store_true", help="print the backends and whether they can run")
+    return p
+
+
+def _parse_option(text: str) -> Tuple[str, str, Any]:
+    if "=" not in text or "." not in text.split("=", 1)[0]:
+        raise _bad("--option", "BACKEND.KEY=VALUE (e.g. joker.block_size=1024)", text)
+    key, raw = text.split("=", 1)
+    backend, name = key.split(".", 1)
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return backend.strip(), name.strip(), value
+
+
+def _parse_M(text: str) -> List[Optional[int]]:
+    out: List[Optional[int]] = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        if part in ("exact", "none", "n"):
+            out.append(None)
+            continue
+        try:
+            out.append(int(part))
+        except ValueError:
+            raise _bad("--M", "an integer, 'exact', or a comma-separated list of them", text) from None
+    return out
+
+
+#: Flags that map one-to-one onto spec fields.
+_FLAG_FIELDS = ("dataset", "task", "loss", "kernel", "sigma", "nu", "penalty", "n_train", "n_test", "iterations",
+                "epochs", "seconds", "tol", "dtype", "device", "seed", "repeats", "data_path", "epsilon", "delta",
+                "quantile")
+
+
+def spec_from_args(argv: Optional[Sequence[str]] = None) -> Tuple[List[ExperimentSpec], Dict[str, Any]]:
+    """Parse the command line into experiments and run settings.
+
+    With ``--quick`` the experiments are :func:`quick_suite`'s; with ``--config`` those of the TOML file;
+    otherwise one experiment from the flags. Flags given explicitly override the corresponding field of
+    every experiment (``--backends`` keeps, for each experiment, only the named backends).
+    """
+    args = build_parser().parse_args(argv)
+    overrides: Dict[str, Any] = {k: getattr(args, k) for k in _FLAG_FIELDS if getattr(args, k) is not None}
+    if "sigma" in overrides and overrides["sigma"] != "median":
+        try:
+            overrides["sigma"] = float(overrides["sigma"])
+        except ValueError:
+            raise _bad("--sigma", "a positive number or 'median'", overrides["sigma"]) from None
+    options: Dict[str, Dict[str, Any]] = {}
+    for text in args.option:
+        b, k, v = _parse_option(text)
+        options.setdefault(b, {})[k] = v
+    backends = parse_backends(args.backends) if args.backends else None
+    Ms = _parse_M(args.M) if args.M is not None else None
+
+    run: Dict[str, Any] = {}
+    if args.quick and args.config:
+        raise ValueError("give either --quick or --config, not both")
+    if args.quick:
+        base = quick_suite(seed=overrides.get("seed", 0))
+        run["out"] = "results/quick"
+    elif args.config:
+        base, run = load_toml(args.config)
+    else:
+        base = [ExperimentSpec(dataset=overrides.get("dataset", "flights"))]
+    specs: List[ExperimentSpec] = []
+    for s in base:
+        d = s.to_dict()
+        d.update(overrides)
+        if "dataset" in overrides and "task" not in overrides and overrides["dataset"] != s.dataset:
+            d["task"] = None
+        if "loss" not in overrides and d.get("task") is not None and d.get("loss") is not None:
+            if d["task"] == "regression" and d["loss"] not in REGRESSION_LOSSES:
+                d["loss"] = None
+        if options:
+            merged = {k: dict(v) for k, v in d["options"].items()}
+            for k, v in options.items():
+                merged.setdefault(k, {}).update(v)
+            d["options"] = merged
+        if backends is not None:
+            if args.quick or args.config:
+                keep = tuple(b for b in d["backends"] if b in backends)
+                if not keep:
+                    continue
+                d["backends"] = keep
+            else:
+                d["backends"] = backends
+        for m in (Ms if Ms is not None else [d["M"]]):
+            specs.append(ExperimentSpec.from_dict(dict(d, M=m)))
+    if not specs:
+        raise ValueError(f"--backends {args.backends!r} leaves no experiment to run")
+    if args.out:
+        run["out"] = args.out
+    run.setdefault("out", "results")
+    if args.isolation:
+        run["isolation"] = args.isolation
+    if args.no_figures:
+        run["figures"] = False
+    run["list_backends"] = bool(args.list_backends)
+    return _dedupe(specs), run
+
+
+def _dedupe(specs: List[ExperimentSpec]) -> List[ExperimentSpec]:
+    seen, out = set(), []
+    for s in specs:
+        key = s.to_json()
+        if key not in seen:
+            seen.add(key)
+            out.append(s)
+    return out
