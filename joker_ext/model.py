@@ -99,7 +99,9 @@ def fit_dual(
     validation: Optional[Callable] = None,
     chunk_rows: int = 4096,
     backend: str = "torch",
-    resume: Optional[dict] = None,
+    resume=None,
+    checkpoint_path=None,
+    checkpoint_every: Optional[int] = None,
 ) -> KernelModel:
     """Train the dual by DBCD-TR and return a :class:`KernelModel`.
 
@@ -117,8 +119,12 @@ def fit_dual(
     options : SolverOptions
     alpha0 : Tensor (n, T), optional
         Warm start.
-    resume : dict, optional
-        ``{'alpha', 'state', 'radius', 'iteration', 'rng_state'}`` from a checkpoint.
+    resume : dict or path, optional
+        A solver checkpoint (``{'alpha', 'state', 'radius', 'iteration', 'rng_state'}`` or the path of a
+        file written by :class:`joker_ext.checkpoint.SolverCheckpointer`): the fit continues from it and
+        ends bitwise where an uninterrupted fit with the same data, options and seed would (on CPU).
+    checkpoint_path, checkpoint_every : optional
+        Write a solver checkpoint to ``checkpoint_path`` every ``checkpoint_every`` iterations (atomic).
     """
     data = as_block_data(X, dtype, device)
     Yd = Y.to(device=device, dtype=dtype)
@@ -129,13 +135,32 @@ def fit_dual(
         op = ExactOperator(kernel, data, chunk_rows=chunk_rows, backend=backend)
     else:
         op = FeatureOperator(feature_map, data, chunk_rows=chunk_rows)
+    snapshot = None
+    if checkpoint_path is not None:
+        from .checkpoint import SolverCheckpointer
+
+        snapshot = SolverCheckpointer(checkpoint_path, checkpoint_every or 100)
+    if resume is not None and not isinstance(resume, dict):
+        from .checkpoint import load_solver_state
+
+        resume = load_solver_state(resume)
+    if resume is not None:
+        n_rows = data.n
+        if tuple(resume["alpha"].shape) != (n_rows, Yd.shape[1]):
+            raise ValueError(
+                f"resume holds dual variables of shape {tuple(resume['alpha'].shape)}, the data need "
+                f"{(n_rows, Yd.shape[1])}: resume with the same data"
+            )
+        resume = {k: (v.to(device) if torch.is_tensor(v) and k != "rng_state" else v) for k, v in resume.items()}
+        resume["state"] = {k: v.to(device=device, dtype=dtype) for k, v in resume["state"].items()}
     kw = {}
     if resume is not None:
         kw = dict(alpha0=resume["alpha"], state0=resume["state"], radius0=resume.get("radius"),
                   start_iter=int(resume.get("iteration", 0)), rng_state=resume.get("rng_state"))
     else:
         kw = dict(alpha0=alpha0)
-    res = dbcd_tr(op, Yd, loss, cd, options, callback=callback, validation=validation, **kw)
+    res = dbcd_tr(op, Yd, loss, cd, options, callback=callback, validation=validation, snapshot=snapshot,
+                  snapshot_every=None if snapshot is None else snapshot.every, **kw)
     beta = res.state.get("beta") if feature_map is not None else None
     return KernelModel(kernel=kernel, feature_map=feature_map, X_train=data, alpha=res.alpha, beta=beta,
                        result=res, chunk_rows=chunk_rows, backend=backend)

@@ -249,6 +249,8 @@ def dbcd_tr(
     callback: Optional[Callable[[dict], Optional[bool]]] = None,
     validation: Optional[Callable[[Dict[str, torch.Tensor], torch.Tensor], float]] = None,
     rng_state: Optional[torch.Tensor] = None,
+    snapshot: Optional[Callable[[dict], None]] = None,
+    snapshot_every: Optional[int] = None,
 ) -> SolverResult:
     """Minimise the dual by DBCD-TR.
 
@@ -272,6 +274,9 @@ def dbcd_tr(
         stops the fit like Ctrl-C does.
     validation : callable, optional
         ``validation(state, alpha) -> float``, recorded in the history at each gap evaluation.
+    snapshot, snapshot_every : optional
+        ``snapshot(info)`` is called every ``snapshot_every`` iterations with alpha, state, radius,
+        iteration and rng_state (no gap evaluation): the hook checkpoints use.
     """
     opts = options or SolverOptions()
     if opts.block_selection not in ("random", "cyclic"):
@@ -340,6 +345,9 @@ def dbcd_tr(
                 if bar is not None:
                     bar.update(1)
                 stop_now = False
+                if snapshot is not None and snapshot_every and it % snapshot_every == 0:
+                    snapshot({"alpha": alpha, "state": state, "radius": radius, "iteration": it,
+                              "rng_state": gen.get_state()})
                 if it % check_every == 0 or (it == opts.max_iter and opts.final_gap):
                     last = evaluate(it)
                     if bar is not None:

@@ -223,9 +223,6 @@ def test_time_budget_and_callback_stop():
     assert m.result.status == "max_time"
     assert time.perf_counter() - t0 < 5
     calls = []
-    m = solve("squared", X, y, np.full(400, 1e3), kernel, block_size=20, max_iter=10**6,
-              callback_every=3)
-    # (no callback passed through solve: use dbcd_tr directly)
     op = ExactOperator(kernel, BlockData(torch.as_tensor(X), F64, torch.device("cpu")))
     res = dbcd_tr(op, torch.as_tensor(y).reshape(-1, 1), get_loss("squared"), torch.full((400,), 1e3, dtype=F64),
                   SolverOptions(block_size=20, max_iter=100, tol=0.0, callback_every=3),

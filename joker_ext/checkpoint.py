@@ -1,0 +1,224 @@
+"""Checkpoints: fitted models and solver states on disk, written atomically, read without pickled code.
+
+A checkpoint is one file written by ``torch.save`` holding only tensors and plain metadata (numbers,
+strings, lists, dicts), and read back with ``torch.load(weights_only=True)``, which refuses anything
+else: no code is ever unpickled. Files are written to a temporary file in the same folder, flushed to
+disk and renamed over the target (``os.replace``), so a crash leaves either the old file or the new one,
+never half of one.
+
+Two kinds:
+
+* ``kind='solver'``: the DBCD-TR state during a fit (dual variables, operator state, trust-region radii,
+  iteration count and the block generator's state). Resuming from it continues the fit bitwise as if it
+  had not stopped (same seed, same data, CPU).
+* ``kind='estimator'``: a fitted :class:`~joker_ext.JokerRegressor` / :class:`~joker_ext.JokerClassifier`
+  (its parameters, kernel description, feature-map seed, dual coefficients and training inputs).
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, Optional, Union
+
+import numpy as np
+import torch
+
+__all__ = ["atomic_save", "load_checkpoint", "save_solver_state", "load_solver_state", "save_estimator",
+           "load_estimator", "SolverCheckpointer"]
+
+FORMAT_VERSION = 1
+PathLike = Union[str, os.PathLike]
+
+
+def atomic_save(obj: Dict[str, Any], path: PathLike) -> Path:
+    """Write ``obj`` (tensors and plain data only) to ``path`` atomically; return the path."""
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(obj, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def load_checkpoint(path: PathLike, kind: Optional[str] = None) -> Dict[str, Any]:
+    """Read a checkpoint (tensors and plain data only; ``weights_only=True``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint file {str(path)!r} does not exist")
+    obj = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(obj, dict) or obj.get("format") != "joker_ext":
+        raise ValueError(f"{str(path)!r} is not a joker_ext checkpoint")
+    if kind is not None and obj.get("kind") != kind:
+        raise ValueError(f"{str(path)!r} holds a {obj.get('kind')!r} checkpoint, expected {kind!r}")
+    return obj
+
+
+def _cpu(x):
+    if torch.is_tensor(x):
+        return x.detach().to("cpu").clone()
+    if isinstance(x, dict):
+        return {k: _cpu(v) for k, v in x.items()}
+    return x
+
+
+def save_solver_state(path: PathLike, info: Dict[str, Any], meta: Optional[dict] = None) -> Path:
+    """Save the solver state from a callback ``info`` dict (alpha, state, radius, iteration, rng_state)."""
+    obj = {
+        "format": "joker_ext",
+        "version": FORMAT_VERSION,
+        "kind": "solver",
+        "alpha": _cpu(info["alpha"]),
+        "state": _cpu(info["state"]),
+        "radius": _cpu(info["radius"]),
+        "iteration": int(info["iteration"]),
+        "rng_state": _cpu(info["rng_state"]),
+        "meta": json.dumps(meta or {}),
+    }
+    return atomic_save(obj, path)
+
+
+def load_solver_state(path: PathLike) -> Dict[str, Any]:
+    """Read a solver checkpoint as the ``resume`` dict that :func:`joker_ext.model.fit_dual` takes."""
+    obj = load_checkpoint(path, kind="solver")
+    obj["meta"] = json.loads(obj.get("meta", "{}"))
+    return obj
+
+
+class SolverCheckpointer:
+    """A solver callback that writes a checkpoint every ``every`` iterations (chained to ``callback``)."""
+
+    def __init__(self, path: PathLike, every: int, meta: Optional[dict] = None, callback=None):
+        if isinstance(every, bool) or int(every) != every or every < 1:
+            raise ValueError(f"checkpoint_every must be a positive integer, got {every!r}")
+        self.path = Path(path)
+        self.every = int(every)
+        self.meta = meta or {}
+        self.callback = callback
+        self.saved = 0
+
+    def __call__(self, info: Dict[str, Any]):
+        if info["iteration"] % self.every == 0:
+            save_solver_state(self.path, info, self.meta)
+            self.saved += 1
+        if self.callback is not None:
+            return self.callback(info)
+        return None
+
+
+# ---------------------------------------------------------------------------- estimators
+def _plain_params(params: dict) -> dict:
+    out = {}
+    for k, v in params.items():
+        if isinstance(v, (str, int, float, bool)) or v is None:
+            out[k] = v
+        elif isinstance(v, (list, tuple)) and all(isinstance(e, (int, float)) for e in v):
+            out[k] = list(v)
+        elif isinstance(v, np.ndarray) and v.dtype.kind == "f":
+            out[k] = v.tolist()
+        elif isinstance(v, dict) and all(isinstance(e, (int, float)) for e in v.values()):
+            out[k] = {str(a): b for a, b in v.items()}
+        elif isinstance(v, torch.dtype):
+            out[k] = str(v).replace("torch.", "")
+        elif isinstance(v, torch.device):
+            out[k] = str(v)
+        else:
+            raise TypeError(
+                f"parameter {k}={v!r} cannot be stored in a checkpoint (only numbers, strings and arrays); "
+                "use pickle for estimators built from other libraries' objects"
+            )
+    return out
+
+
+def save_estimator(estimator, path: PathLike) -> Path:
+    """Save a fitted JokerRegressor / JokerClassifier (tensors and plain metadata only, atomic)."""
+    from .kernels import StationaryKernel
+
+    if not hasattr(estimator, "dual_coef_"):
+        raise ValueError(f"estimator {type(estimator).__name__} is not fitted; call fit before saving it")
+    if not isinstance(estimator.kernel_, StationaryKernel):
+        raise TypeError("only estimators with a stationary joker_ext kernel can be saved without pickling code")
+    meta = {
+        "class": type(estimator).__name__,
+        "params": _plain_params(estimator.get_params()),
+        "kernel": estimator.kernel_.describe(),
+        "y_1d": bool(getattr(estimator, "_y_1d", True)),
+        "n_features_in": int(estimator.n_features_in_),
+        "fit": {k: getattr(estimator, k) for k in ("n_iter_", "status_", "primal_objective_", "dual_objective_",
+                                                    "duality_gap_", "relative_gap_", "block_size_")},
+    }
+    tensors = {
+        "dual_coef": torch.as_tensor(estimator.dual_coef_),
+        "X_fit": torch.as_tensor(estimator.X_fit_),
+    }
+    if estimator.coef_ is not None:
+        tensors["coef"] = torch.as_tensor(estimator.coef_)
+    if hasattr(estimator, "classes_"):
+        classes = estimator.classes_
+        if classes.dtype.kind in "iuf":
+            tensors["classes"] = torch.as_tensor(classes)
+        else:
+            meta["classes"] = [str(c) for c in classes]
+    if getattr(estimator, "calibrator_", None):
+        meta["calibrator"] = estimator.calibrator_
+    obj = {"format": "joker_ext", "version": FORMAT_VERSION, "kind": "estimator", "meta": json.dumps(meta),
+           **tensors}
+    return atomic_save(obj, path)
+
+
+def load_estimator(path: PathLike):
+    """Rebuild an estimator saved by :func:`save_estimator`; it predicts exactly as the saved one."""
+    from . import estimators as est_mod
+    from .data import resolve_device, resolve_dtype
+    from .features import make_feature_map
+    from .kernels import StationaryKernel
+    from .losses import get_loss
+
+    obj = load_checkpoint(path, kind="estimator")
+    meta = json.loads(obj["meta"])
+    cls = {"JokerRegressor": est_mod.JokerRegressor, "JokerClassifier": est_mod.JokerClassifier}.get(meta["class"])
+    if cls is None:
+        raise ValueError(f"unknown estimator class {meta['class']!r} in {str(path)!r}")
+    est = cls(**meta["params"])
+    kd = meta["kernel"]
+    est.kernel_ = StationaryKernel(kd["family"], kd["sigma"], kd["nu"], kd["outputscale"])
+    s = est.kernel_.sigma
+    est.sigma_ = float(s) if s.numel() == 1 else s.numpy().copy()
+    est.dtype_ = resolve_dtype(est.dtype)
+    est.device_ = resolve_device(est.device)
+    est.loss_ = est._loss_object()
+    est.dual_coef_ = obj["dual_coef"].numpy()
+    est.X_fit_ = obj["X_fit"].numpy()
+    est.coef_ = obj["coef"].numpy() if "coef" in obj else None
+    est.n_features_in_ = meta["n_features_in"]
+    est._y_1d = meta["y_1d"]
+    est._fit_X_shape = est.X_fit_.shape
+    for k, v in meta["fit"].items():
+        setattr(est, k, v)
+    if est.n_features is None:
+        est.feature_map_ = None
+    else:
+        form = "cos" if est.features == "cos" else "cossin"
+        est.feature_map_ = make_feature_map(est.kernel_, int(est.n_features), form=form,
+                                            orthogonal=est.features == "orf", seed=est._seed())
+    if "classes" in obj:
+        est.classes_ = obj["classes"].numpy()
+    elif "classes" in meta:
+        est.classes_ = np.asarray(meta["classes"])
+    if "calibrator" in meta:
+        est.calibrator_ = [tuple(x) for x in meta["calibrator"]]
+    est._model_cache = None
+    est._model_cache = est._model()
+    return est
