@@ -7,7 +7,8 @@ It knows nothing about Falkon, GPyTorch or scikit-learn.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 import torch
@@ -16,6 +17,7 @@ from .data import BlockData, as_block_data
 from .features import FeatureMap
 from .kernels import Kernel
 from .losses import Loss
+from .memory import plan_blocks
 from .operators import ExactOperator, FeatureOperator
 from .solver import SolverOptions, SolverResult, dbcd_tr
 
@@ -102,6 +104,7 @@ def fit_dual(
     resume=None,
     checkpoint_path=None,
     checkpoint_every: Optional[int] = None,
+    max_memory=None,
 ) -> KernelModel:
     """Train the dual by DBCD-TR and return a :class:`KernelModel`.
 
@@ -123,6 +126,10 @@ def fit_dual(
         A solver checkpoint (``{'alpha', 'state', 'radius', 'iteration', 'rng_state'}`` or the path of a
         file written by :class:`joker_ext.checkpoint.SolverCheckpointer`): the fit continues from it and
         ends bitwise where an uninterrupted fit with the same data, options and seed would (on CPU).
+    max_memory : int or str, optional
+        Memory budget ('2GB', bytes): block size and chunk rows are chosen so that the estimate of
+        :func:`joker_ext.memory.estimate_fit_memory` fits. Independently of it, a block that runs out of
+        memory is halved (with a warning) and the fit continues from the last consistent iterate.
     checkpoint_path, checkpoint_every : optional
         Write a solver checkpoint to ``checkpoint_path`` every ``checkpoint_every`` iterations (atomic).
     """
@@ -159,8 +166,32 @@ def fit_dual(
                   start_iter=int(resume.get("iteration", 0)), rng_state=resume.get("rng_state"))
     else:
         kw = dict(alpha0=alpha0)
-    res = dbcd_tr(op, Yd, loss, cd, options, callback=callback, validation=validation, snapshot=snapshot,
-                  snapshot_every=None if snapshot is None else snapshot.every, **kw)
+    opts = options or SolverOptions()
+    if max_memory is not None:
+        b, rows, est = plan_blocks(max_memory, data.n, data.d, Yd.shape[1],
+                                   n_features=None if feature_map is None else feature_map.n_features,
+                                   block_size=opts.block_size, chunk_rows=chunk_rows,
+                                   itemsize=torch.finfo(dtype).bits // 8)
+        if b < opts.block_size:
+            warnings.warn(f"max_memory={max_memory!r}: block_size reduced from {opts.block_size} to {b} "
+                          f"(estimated need {est})", RuntimeWarning, stacklevel=2)
+        opts = replace(opts, block_size=b)
+        op.chunk_rows = rows
+    while True:
+        res = dbcd_tr(op, Yd, loss, cd, opts, callback=callback, validation=validation, snapshot=snapshot,
+                      snapshot_every=None if snapshot is None else snapshot.every, **kw)
+        if res.status != "out_of_memory":
+            break
+        if opts.block_size <= 1 and op.chunk_rows <= 1:
+            raise MemoryError("out of memory even with one-row blocks and chunks")
+        new_b = max(1, opts.block_size // 2)
+        op.chunk_rows = max(1, op.chunk_rows // 2)
+        warnings.warn(f"a block of {opts.block_size} rows did not fit in memory: continuing with block_size={new_b} "
+                      f"and chunks of {op.chunk_rows} rows from the last consistent iterate", RuntimeWarning,
+                      stacklevel=2)
+        opts = replace(opts, block_size=new_b)
+        # A new partition: continue from the current iterate (the radius carries over).
+        kw = dict(alpha0=res.alpha, state0=res.state, radius0=res.radius, start_iter=res.n_iter)
     beta = res.state.get("beta") if feature_map is not None else None
     return KernelModel(kernel=kernel, feature_map=feature_map, X_train=data, alpha=res.alpha, beta=beta,
                        result=res, chunk_rows=chunk_rows, backend=backend)

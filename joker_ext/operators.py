@@ -21,7 +21,13 @@ from .data import BlockData
 from .features import FeatureMap
 from .kernels import Kernel
 
-__all__ = ["ExactOperator", "FeatureOperator", "BlockOps"]
+__all__ = ["ExactOperator", "FeatureOperator", "BlockOps", "apply_delta"]
+
+
+def apply_delta(state: Dict[str, torch.Tensor], delta: Dict[str, torch.Tensor]) -> None:
+    """Add a state change in place (no allocation, so it cannot fail half-way for lack of memory)."""
+    for k, v in delta.items():
+        state[k] += v
 
 
 class BlockOps:
@@ -83,8 +89,12 @@ class ExactOperator:
         KBB = self.kernel(XB, XB)
         return BlockOps(state["f"][idx], lambda V: KBB @ V, payload=XB, matrix=KBB)
 
+    def state_delta(self, ops: BlockOps, s: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """The change of the state for a step ``s`` on the block (computed, not applied)."""
+        return {"f": self._mmv_all(ops.payload, s)}
+
     def update(self, state, idx: torch.Tensor, ops: BlockOps, s: torch.Tensor) -> None:
-        state["f"] += self._mmv_all(ops.payload, s)
+        apply_delta(state, self.state_delta(ops, s))
 
     def predictions(self, state, alpha: torch.Tensor, refresh: bool = False) -> torch.Tensor:
         return state["f"]
@@ -107,10 +117,11 @@ class FeatureOperator:
 
     mode = "features"
 
-    def __init__(self, feature_map: FeatureMap, data: BlockData, *, chunk_rows: int = 4096):
+    def __init__(self, feature_map: FeatureMap, data: BlockData, *, chunk_rows: int = 4096, gram_max: int = 256):
         self.feature_map = feature_map
         self.data = data
         self.chunk_rows = max(1, int(chunk_rows))
+        self.gram_max = int(gram_max)
 
     @property
     def n(self) -> int:
@@ -127,10 +138,19 @@ class FeatureOperator:
 
     def block(self, idx: torch.Tensor, state) -> BlockOps:
         Phi = self.feature_map(self.data.take(idx))
+        b = Phi.shape[0]
+        if b <= self.gram_max:
+            # Small blocks: form Phi_B Phi_B^T once (b^2 M) so that the trust-region step can be solved
+            # exactly and its products cost b^2 instead of 2 b M.
+            G = Phi @ Phi.T
+            return BlockOps(Phi @ state["beta"], lambda V: G @ V, payload=Phi, matrix=G)
         return BlockOps(Phi @ state["beta"], lambda V: Phi @ (Phi.T @ V), payload=Phi)
 
+    def state_delta(self, ops: BlockOps, s: torch.Tensor) -> Dict[str, torch.Tensor]:
+        return {"beta": ops.payload.T @ s}
+
     def update(self, state, idx, ops: BlockOps, s: torch.Tensor) -> None:
-        state["beta"] += ops.payload.T @ s
+        apply_delta(state, self.state_delta(ops, s))
 
     def predictions(self, state, alpha: torch.Tensor, refresh: bool = False) -> torch.Tensor:
         """``f = Phi beta`` over all rows; with ``refresh`` also recompute ``beta = Phi^T alpha`` in the

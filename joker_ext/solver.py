@@ -39,6 +39,8 @@ import numpy as np
 import torch
 
 from .losses import Loss
+from .memory import is_out_of_memory
+from .operators import apply_delta
 
 __all__ = ["SolverOptions", "SolverResult", "dbcd_tr", "cg_steihaug", "duality_gap", "make_blocks"]
 
@@ -112,7 +114,8 @@ class SolverOptions:
 class SolverResult:
     """What :func:`dbcd_tr` returns.
 
-    ``status`` is one of 'converged', 'max_iter', 'max_time', 'interrupted'.
+    ``status`` is one of 'converged', 'max_iter', 'max_time', 'callback', 'interrupted',
+    'out_of_memory' (a block did not fit; alpha and state are those before that block).
     ``history`` holds one dict per gap evaluation with keys iteration, time, primal, dual, gap,
     rel_gap (and 'validation' when a validation function was given).
     """
@@ -127,6 +130,7 @@ class SolverResult:
     rel_gap: float
     radius: torch.Tensor
     history: List[dict] = field(default_factory=list)
+    rng_state: Optional[torch.Tensor] = None
 
     @property
     def converged(self) -> bool:
@@ -368,6 +372,10 @@ def dbcd_tr(
                     break
                 if sig.flag:
                     raise KeyboardInterrupt
+        except (RuntimeError, MemoryError) as exc:
+            if not is_out_of_memory(exc):
+                raise
+            status = "out_of_memory"
         except KeyboardInterrupt:
             status = "interrupted"
             warnings.warn(
@@ -385,7 +393,7 @@ def dbcd_tr(
         radius = torch.ones(T, dtype=dtype, device=device)
     return SolverResult(alpha=alpha, state=state, n_iter=it, status=status, primal=last["primal"],
                         dual=last["dual"], gap=last["gap"], rel_gap=last["rel_gap"], radius=radius,
-                        history=history)
+                        history=history, rng_state=gen.get_state())
 
 
 def trust_region_eigh(H: torch.Tensor, g: torch.Tensor, radius: float) -> "tuple[torch.Tensor, bool]":
@@ -564,6 +572,10 @@ def _block_step(operator, state, loss: Loss, Y, c_col, alpha, idx, lo_all, hi_al
     new_radius = torch.maximum(new_radius, floor)
     if bool(accept.any()):
         step = s * accept.to(s.dtype).unsqueeze(0)
-        alpha[idx] = torch.minimum(torch.maximum(aB + step, lo_all[idx]), hi_all[idx])
-        operator.update(state, idx, ops, alpha[idx] - aB)
+        new_aB = torch.minimum(torch.maximum(aB + step, lo_all[idx]), hi_all[idx])
+        # Everything that allocates happens before anything is changed: a failure (out of memory,
+        # interrupt) leaves alpha and the operator state consistent.
+        delta = operator.state_delta(ops, new_aB - aB)
+        alpha[idx] = new_aB
+        apply_delta(state, delta)
     return new_radius
