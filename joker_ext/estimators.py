@@ -840,7 +840,7 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
             Y = np.where(y_idx[:, None] == np.arange(k)[None, :], 1.0, -1.0)
         self._fit_targets(X, Y, sample_weight, loss)
         self.intercept_ = np.asarray(self._intercept_vector, dtype=np.float64).copy()
-        self.calibrator_ = None
+        self.calibration_scale_ = None
         if self.probability and loss.name != "logistic":
             self._fit_calibration(X, y_idx, sample_weight)
         return self
@@ -863,34 +863,85 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
             cw[hits[0]] = float(weight)
         return cw
 
+    def _calibration_folds(self, X, y_idx, sample_weight, n_splits: int) -> Optional[np.ndarray]:
+        """Fold of every row, a function of the row's content: the distinct (x, y) pairs of each class,
+        ordered by a seeded hash, are dealt round-robin into ``n_splits`` folds. Repeated rows share
+        a fold, so integer sample weights and repeated rows give the same calibration (scikit-learn's
+        sample-weight equivalence), and every class reaches every training fold. None when a class has
+        fewer than 2 distinct samples of positive weight."""
+        Xc = np.ascontiguousarray(X, dtype=np.float64)
+        seed = self._seed().to_bytes(8, "little", signed=False)
+        keys = np.array([hashlib.blake2b(seed + Xc[i].tobytes() + int(y_idx[i]).to_bytes(8, "little"),
+                                         digest_size=8).hexdigest() for i in range(Xc.shape[0])])
+        fold = np.empty(Xc.shape[0], dtype=np.int64)
+        for k in range(len(self.classes_)):
+            rows = np.nonzero(y_idx == k)[0]
+            uniq, inv = np.unique(keys[rows], return_inverse=True)
+            if np.unique(inv[sample_weight[rows] > 0]).size < 2:
+                return None  # a class with one distinct sample cannot be cross-fitted
+            fold[rows] = inv % n_splits
+        return fold
+
     def _fit_calibration(self, X, y_idx, sample_weight):
-        """Platt scaling of out-of-fold decision values (3 stratified folds shuffled with
-        ``random_state``; one sigmoid per one-vs-rest column), as SVC(probability=True)."""
+        """Temperature scaling of out-of-fold decision values (3 folds, see :meth:`_calibration_folds`).
+
+        ``P = sigmoid(A f)`` (binary) or ``softmax(A F)`` (one-vs-rest scores), with one ``A > 0``
+        minimising the weighted log-loss of the out-of-fold probabilities (of the in-sample ones when a
+        class has fewer than 2 distinct samples). One slope for all classes and
+        no offset keep ``predict`` equal to the argmax of ``predict_proba``, which Platt's per-class
+        ``sigmoid(A_k f_k + B_k)`` (SVC's choice) would break.
+        """
+        from scipy.optimize import brentq
+        from scipy.special import softmax
         from sklearn.base import clone
-        from sklearn.linear_model import LogisticRegression
-        from sklearn.model_selection import StratifiedKFold
 
         k = len(self.classes_)
-        counts = np.bincount(y_idx, minlength=k)
-        if counts.min() < 2:
-            raise ValueError(
-                "probability=True needs at least 2 samples of every class for the calibration, got class counts "
-                f"{dict(zip(self.classes_.tolist(), counts.tolist()))}"
-            )
-        D = np.zeros((X.shape[0], 1 if k == 2 else k))
-        n_splits = max(2, min(3, int(counts.min())))
-        folds = StratifiedKFold(n_splits=n_splits, shuffle=True, random_state=self._seed())
+        n_splits = 3
+        fold = self._calibration_folds(X, y_idx, sample_weight, n_splits)
         base = clone(self).set_params(probability=False, warm_start=False)
-        for tr, te in folds.split(X, y_idx):
-            labels = self.classes_[y_idx[tr]]
-            m = clone(base).fit(X[tr], labels, sample_weight=sample_weight[tr])
-            D[te] = m.decision_function(X[te]).reshape(len(te), -1)
-        self.calibrator_ = []
-        for j in range(D.shape[1]):
-            target = (y_idx == (1 if k == 2 else j)).astype(int)
-            lr = LogisticRegression(C=1e6)
-            lr.fit(D[:, j : j + 1], target, sample_weight=sample_weight)
-            self.calibrator_.append((float(lr.coef_[0, 0]), float(lr.intercept_[0])))
+        D = np.zeros((X.shape[0], 1 if k == 2 else k))
+        if fold is None:  # too few distinct samples to cross-fit: in-sample decision values
+            D[:] = self.decision_function(X).reshape(X.shape[0], -1)
+            fold = np.full(X.shape[0], -1)
+        for j in range(n_splits):
+            te, tr = fold == j, fold != j
+            if not te.any():
+                continue
+            m = clone(base).fit(X[tr], self.classes_[y_idx[tr]], sample_weight=sample_weight[tr])
+            D[te] = m.decision_function(X[te]).reshape(int(te.sum()), -1)
+        Z = np.column_stack([np.zeros(len(D)), D[:, 0]]) if k == 2 else D
+        target = y_idx
+        w = sample_weight / sample_weight.sum()
+        spread = float(np.sqrt(np.average((Z - Z.mean()) ** 2, axis=0, weights=w).mean()))
+        spread = spread if np.isfinite(spread) and spread > 0 else 1.0
+
+        Zt = Z[np.arange(len(Z)), target]
+
+        def grad(A):  # derivative of the weighted negative log-likelihood; nondecreasing in A (convexity)
+            P = softmax(A * Z, axis=1)
+            return float(np.sum(w * ((P * Z).sum(1) - Zt)))
+
+        # The optimum is the root of the derivative in [0, A_max]; A_max bounds the slope when the
+        # scores separate the classes perfectly (the likelihood then keeps growing with A).
+        # A_min > 0 keeps the argmax of the probabilities equal to predict when the scores carry no
+        # information (the likelihood would then be best at A = 0, uniform probabilities).
+        A_min, A_max = 1e-6 / spread, 1e4 / spread
+        if grad(A_min) >= 0:
+            A = A_min
+        elif grad(A_max) <= 0:
+            A = A_max
+        else:
+            A = brentq(grad, A_min, A_max, xtol=1e-15 * A_max, rtol=4 * np.finfo(float).eps, maxiter=500)
+        self.calibration_scale_ = float(A)
+
+    def _calibrated_proba(self, D: np.ndarray) -> np.ndarray:
+        from scipy.special import softmax
+
+        A = self.calibration_scale_
+        if D.ndim == 1:
+            p = expit(A * D)
+            return np.column_stack([1.0 - p, p])
+        return softmax(A * D, axis=1)
 
     def decision_function(self, X) -> np.ndarray:
         """``f(X)``: shape (n,) for two classes (positive means ``classes_[1]``), (n, n_classes) otherwise
@@ -914,19 +965,16 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
         """Class probabilities, columns in the order of ``classes_``.
 
         Logistic loss: ``sigmoid(f)`` (binary), or the one-vs-rest ``sigmoid(f_k)`` normalised to sum to
-        one. Hinge / squared hinge / squared loss with ``probability=True``: the Platt calibration
-        ``sigmoid(A_k f_k + B_k)`` fitted on out-of-fold decision values (normalised likewise). As for
-        SVC, the argmax of the calibrated probabilities can differ from ``predict`` on a few points.
+        one. Hinge / squared hinge / squared loss with ``probability=True``: ``sigmoid(A f)`` or
+        ``softmax(A F)`` with the temperature ``A = calibration_scale_`` fitted on out-of-fold decision
+        values. In every case the argmax of the probabilities is ``predict``.
         """
         check_is_fitted(self, "dual_coef_")
         if self.loss_.name == "logistic":
             D = self.decision_function(X)
             P = expit(D)
-        elif getattr(self, "calibrator_", None):
-            D = self.decision_function(X)
-            D2 = D.reshape(len(D), -1)
-            P = np.column_stack([expit(a * D2[:, j] + b) for j, (a, b) in enumerate(self.calibrator_)])
-            P = P[:, 0] if D.ndim == 1 else P
+        elif getattr(self, "calibration_scale_", None) is not None:
+            return self._calibrated_proba(self.decision_function(X))
         else:
             raise AttributeError(
                 f"predict_proba is available for loss='logistic', or with probability=True; got loss={self.loss_.name!r}"
@@ -951,11 +999,13 @@ JokerClassifier.__doc__ = """Kernel classifier (hinge, squared hinge, logistic o
                                 default_loss="hinge") + """    class_weight : dict, 'balanced' or None
         Multiplies C per class (``'balanced'``: ``n / (n_classes * count)``), as scikit-learn's SVC.
     probability : bool, default False
-        For hinge / squared hinge / squared loss, fit a Platt (sigmoid) calibration of the decision
-        function on out-of-fold decision values (3 stratified folds shuffled with ``random_state``, so a
-        fit costs about 3 more fits) so that ``predict_proba`` is available; logistic loss gives
-        probabilities natively (``probability`` is then ignored).
+        For hinge / squared hinge / squared loss, calibrate the decision function by temperature scaling
+        (``sigmoid(A f)``, ``softmax(A F)`` for several classes) fitted on out-of-fold decision values
+        (3 folds dealt per class from a hash of the rows seeded by ``random_state``; a fit costs about 3
+        more fits) so that ``predict_proba`` is available; logistic loss gives probabilities natively
+        (``probability`` is then ignored). Unlike SVC's Platt scaling, ``predict`` stays the argmax of
+        ``predict_proba``, and sample weights are equivalent to repeated rows.
 """ + _COMMON_ATTRS_DOC + """    classes_ : ndarray (n_classes,)
-    calibrator_ : list of (A, B) or None
-        Platt parameters per one-vs-rest column (``probability=True``).
+    calibration_scale_ : float or None
+        The temperature ``A`` (``probability=True`` with a non-logistic loss).
 """

@@ -65,7 +65,7 @@ class MemoryEstimate:
 
 
 def estimate_fit_memory(n: int, d: int, T: int = 1, *, n_features: Optional[int] = None, block_size: int = 1024,
-                        chunk_rows: int = 4096, itemsize: int = 8, direct_max: int = 512) -> MemoryEstimate:
+                        chunk_rows: int = 4096, itemsize: int = 8, direct_max: int = 2048) -> MemoryEstimate:
     """Estimate the memory a fit needs (see the module docstring for what is counted)."""
     b = min(block_size, n)
     exact = n_features is None

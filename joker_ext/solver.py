@@ -100,7 +100,7 @@ class SolverOptions:
     max_cg: int = 50
     max_subspace: int = 20
     subproblem: str = "auto"
-    direct_max: int = 512
+    direct_max: int = 2048
     cg_tol: float = 1e-10
     check_every: Optional[int] = None
     callback_every: Optional[int] = None
@@ -403,6 +403,15 @@ def trust_region_eigh(H: torch.Tensor, g: torch.Tensor, radius: float) -> "tuple
     the numerically zero eigenvalues) when that step is inside the region, otherwise ``mu > 0`` from
     the secular equation ``||w(mu)|| = radius`` by bisection in log scale. Returns ``(w, on_boundary)``.
     """
+    # Fast path: when H is safely positive definite, one Cholesky gives the Newton step; it is the
+    # answer whenever it lies inside the region (the common case once the radius has grown).
+    L, info = torch.linalg.cholesky_ex(H)
+    if int(info) == 0:
+        w = -torch.cholesky_solve(g.unsqueeze(1), L).squeeze(1)
+        diag = torch.diagonal(L)
+        well_conditioned = float(diag.min()) ** 2 > float(diag.max()) ** 2 * H.shape[0] * 1e3 * torch.finfo(H.dtype).eps
+        if well_conditioned and torch.all(torch.isfinite(w)) and float(w.norm()) <= radius:
+            return w, False
     lam, Q = torch.linalg.eigh(0.5 * (H + H.T))
     lam = lam.clamp_min(0)
     gq = Q.T @ g
