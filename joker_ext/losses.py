@@ -10,20 +10,20 @@ Dual (minimisation form), ``theta = sum_i alpha_i phi(x_i)``::
 
 Every loss here writes its conjugate term as ``g(a) = -a y + psi(a; y, c) + kink * |a|`` where ``psi`` is
 smooth inside the box and ``kink * |a|`` is the only non-smooth part (epsilon-insensitive: kink =
-epsilon). The solver needs ``psi``, its first and second derivative in ``a``, the box and the kink.
+epsilon). The solver needs ``psi``, its first and second derivative in ``a``, the box and the kink::
 
-========================== ============================== =================================== ===================
-loss                       l(y, f)                        g(a)                                box for a
-========================== ============================== =================================== ===================
-squared                    (y - f)^2 / 2                  a^2 / (2c) - a y                    R
-huber(delta)               r^2/2 or delta(|r| - delta/2)  a^2 / (2c) - a y                    [-c delta, c delta]
-epsilon_insensitive(eps)   max(0, |y - f| - eps)          eps |a| - a y                       [-c, c]
-absolute                   |y - f|                        -a y                                [-c, c]
-pinball(quantile = tau)    max(tau r, (tau - 1) r)        -a y                                [c(tau - 1), c tau]
-hinge (y = +-1)            max(0, 1 - y f)                -a y                                0 <= y a <= c
-squared_hinge (y = +-1)    max(0, 1 - y f)^2 / 2          a^2 / (2c) - a y                    y a >= 0
-logistic (y = +-1)         log(1 + exp(-y f))             u log u + (c-u) log(c-u) - c log c  0 < u = y a < c
-========================== ============================== =================================== ===================
+    ========================== ============================== =================================== ===================
+    loss                       l(y, f)                        g(a)                                box for a
+    ========================== ============================== =================================== ===================
+    squared                    (y - f)^2 / 2                  a^2 / (2c) - a y                    R
+    huber(delta)               r^2/2 or delta(|r| - delta/2)  a^2 / (2c) - a y                    [-c delta, c delta]
+    epsilon_insensitive(eps)   max(0, |y - f| - eps)          eps |a| - a y                       [-c, c]
+    absolute                   |y - f|                        -a y                                [-c, c]
+    pinball(quantile = tau)    max(tau r, (tau - 1) r)        -a y                                [c(tau - 1), c tau]
+    hinge (y = +-1)            max(0, 1 - y f)                -a y                                0 <= y a <= c
+    squared_hinge (y = +-1)    max(0, 1 - y f)^2 / 2          a^2 / (2c) - a y                    y a >= 0
+    logistic (y = +-1)         log(1 + exp(-y f))             u log u + (c-u) log(c-u) - c log c  0 < u = y a < c
+    ========================== ============================== =================================== ===================
 
 (r = y - f.) Infimal convolution adds conjugates: ``(l1 [] l2)* = l1* + l2*``, so
 :class:`InfimalConvolution` sums ``psi`` and kinks and intersects boxes; :func:`scaled` multiplies a

@@ -503,6 +503,9 @@ def _block_step(operator, state, loss: Loss, Y, c_col, alpha, idx, lo_all, hi_al
         return torch.minimum(torch.maximum(X0 + S, lo.repeat(1, k)), hi.repeat(1, k)) - X0
 
     gg = (gF * gF).sum(0)
+    if radius is None and loss.quadratic:
+        # The quadratic model is exact (on each orthant): a trust region would only slow the first steps.
+        radius = torch.full_like(gg, math.inf)
     if radius is None:
         gHg = (gF * hvp(gF)).sum(0)
         radius = torch.where(gg > 0, gg.sqrt() * gg / torch.where(gHg > 0, gHg, torch.ones_like(gHg)),
@@ -510,6 +513,12 @@ def _block_step(operator, state, loss: Loss, Y, c_col, alpha, idx, lo_all, hi_al
     if not bool((gg > 0).any()):
         return radius
     g_norm = gg.sqrt().clamp_min(tiny)
+    radius_in = radius
+    if bool(torch.isinf(radius).any()):
+        # An unbounded region meets directions of zero curvature (linear conjugates): use a finite
+        # radius far beyond any useful step; the box and the projected search do the rest.
+        big = 1e12 * (1.0 + aB.abs().sum(0) + gF.abs().sum(0))
+        radius = torch.where(torch.isinf(radius), big, radius)
     # 1. Cauchy point: projected gradient steps of several lengths (each within the radius).
     gHg = (gF * hvp(gF)).sum(0)
     t_star = gg / torch.where(gHg > 0, gHg, torch.full_like(gHg, tiny))
@@ -572,7 +581,7 @@ def _block_step(operator, state, loss: Loss, Y, c_col, alpha, idx, lo_all, hi_al
     accept = moved & (actual > 0) & (rho >= opts.eta)
     s_norm = s.norm(dim=0)
     shrink = moved & ~accept
-    new_radius = torch.where(shrink, 0.25 * torch.minimum(radius, s_norm.clamp_min(tiny)), radius)
+    new_radius = torch.where(shrink, 0.25 * torch.minimum(radius, s_norm.clamp_min(tiny)), radius_in)
     new_radius = torch.where(accept & (rho < 0.25), 0.5 * radius, new_radius)
     grow = accept & (rho > 0.75) & (s_norm >= 0.99 * radius)
     new_radius = torch.where(grow, 2.0 * radius, new_radius)
