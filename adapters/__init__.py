@@ -30,6 +30,14 @@ def translate_kernel(kernel) -> Kernel:
         from . import gpytorch as _gpytorch
 
         return _gpytorch.translate_kernel(kernel)
+    # A user's own kernel class (defined outside gpytorch) that subclasses gpytorch.kernels.Kernel.
+    import sys
+
+    _gp = sys.modules.get("gpytorch")
+    if _gp is not None and isinstance(kernel, _gp.kernels.Kernel):
+        from . import gpytorch as _gpytorch
+
+        return _gpytorch.translate_kernel(kernel)
     raise TypeError(
         "kernel must be 'gaussian', 'laplacian', 'laplacian_l1', 'matern', a joker_ext kernel, a Falkon kernel "
         f"or a GPyTorch kernel; got an object of type {type(kernel).__module__}.{type(kernel).__name__}"

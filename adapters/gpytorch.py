@@ -66,7 +66,7 @@ import copy
 import math
 import numbers
 import warnings
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch

@@ -418,8 +418,29 @@ def test_jokerregressor_accepts_gpytorch_kernels():
     covar.outputscale = 0.9
     covar.base_kernel.lengthscale = torch.tensor([0.8, 1.1, 1.9])
     lik = _gaussian_lik(0.05)
-    ref = _gpytorch_posterior_mean(X, y, Xt, covar.double(), lik, gpytorch.means.ZeroMean())
     reg = JokerRegressor(C=1 / 0.05, kernel=covar, block_size=150).fit(X.numpy(), y.numpy())
+    rf = JokerRegressor(C=1 / 0.05, kernel=covar, n_features=4096, block_size=150).fit(X.numpy(), y.numpy())
+    ref = _gpytorch_posterior_mean(X, y, Xt, copy.deepcopy(covar).double(), lik, gpytorch.means.ZeroMean())
+    # (the float32 module's hyperparameters are read as GPyTorch evaluates them, in float32; the reference
+    # evaluates the same raw values in float64: they differ by ~1e-8 here)
+    assert _rel(torch.as_tensor(reg.predict(Xt.numpy())), ref) <= 1e-6
+    assert _rel(torch.as_tensor(rf.predict(Xt.numpy())), ref) <= 4.0 / math.sqrt(4096)
+
+
+class _UserKernel(gk.Kernel):
+    """A user's own GPyTorch kernel, defined outside gpytorch."""
+
+    def forward(self, x1, x2, **params):
+        return (1.0 + x1 @ x2.transpose(-1, -2) / 4.0) ** 2 + torch.exp(-torch.cdist(x1, x2))
+
+
+def test_user_gpytorch_kernel_in_the_sklearn_faces():
+    X, y, Xt = _data(n=120)
+    kern = _UserKernel()
+    lik = _gaussian_lik(0.3)
+    ref = _gpytorch_posterior_mean(X, y, Xt, kern, lik, gpytorch.means.ZeroMean())
+    reg = JokerRegressor(C=1 / 0.3, kernel=kern, block_size=120).fit(X.numpy(), y.numpy())
+    assert isinstance(reg.kernel_, CallableKernel)
     assert _rel(torch.as_tensor(reg.predict(Xt.numpy())), ref) <= 1e-6
 
 
