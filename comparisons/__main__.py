@@ -21,23 +21,28 @@ from typing import List, Optional, Sequence
 __all__ = ["main"]
 
 
-def _list_backends(specs) -> str:
-    from .backends.base import Problem, Skip
+def _list_backends() -> str:
+    """A markdown table: each backend, whether it can run here, and what it is."""
+    import sys as _sys
+
+    from .backends.base import Skip, package_available
     from .runner import backend_class
     from .spec import ALL_BACKENDS
 
-    spec = specs[0].replace(sigma=1.0)
-    problem = Problem(task=spec.task or "regression", n_train=100, n_test=10, n_features=3, n_classes=2)
-    lines = ["| backend | can run | note |", "|---|---|---|"]
+    lines = ["| backend | available | losses | what |", "|---|---|---|---|"]
     for name in ALL_BACKENDS:
-        try:
-            b = backend_class(name)(spec.replace(loss="squared", task=problem.task, options={}), problem)
-            b.check()
-            lines.append(f"| {name} | yes | {(b.__doc__ or '').strip().splitlines()[0] if b.__doc__ else ''} |")
-        except Skip as exc:
-            lines.append(f"| {name} | no | {exc} |")
-        except Exception as exc:  # pragma: no cover
-            lines.append(f"| {name} | no | {type(exc).__name__}: {exc} |")
+        cls = backend_class(name)
+        missing = [p for p in cls.requires if not package_available(p)]
+        status = "yes" if not missing else f"no ({', '.join(missing)} not installed)"
+        if not missing and hasattr(cls, "solver_class"):
+            try:
+                cls.solver_class(cls)
+            except Skip as exc:
+                status = f"no ({exc})"
+        doc = (_sys.modules[cls.__module__].__doc__ or "").strip().splitlines()
+        what = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else (doc[0] if doc else "")
+        losses = ", ".join(cls.losses) if cls.losses else "any"
+        lines.append(f"| {name} | {status} | {losses} | {what} |")
     return "\n".join(lines)
 
 
@@ -52,7 +57,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if run.get("list_backends"):
-        print(_list_backends(specs))
+        print(_list_backends())
         return 0
     from .reporting import make_figures, markdown_table
     from .runner import run_suite
@@ -61,6 +66,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     n_runs = sum(len(s.backends) * s.repeats for s in specs)
     print(f"joker-compare: {len(specs)} experiment(s), up to {n_runs} runs, output in {out}/", flush=True)
     rows = run_suite(specs, str(out), isolation=run.get("isolation", "forkserver"),
+                     threads=int(run.get("threads", 1)) or None,
                      echo=lambda s: print(s, flush=True))
     table = markdown_table(rows)
     (out / "results.md").write_text(table + "\n")

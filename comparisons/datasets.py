@@ -947,9 +947,9 @@ def from_local_file(
 ) -> Dataset:
     """The seed papers' large sets, read from files the user already has.
 
-    ==========  ============  =======================================================
+    =========== ============  =======================================================
     name        task          ``path`` (a file, or a directory holding it)
-    ==========  ============  =======================================================
+    =========== ============  =======================================================
     ``msd``     regression    ``YearPredictionMSD.txt``: first column the year, 90
                               features. ``standard_split=True`` (default): the UCI
                               split, first 463,715 rows train, the rest test;
@@ -969,7 +969,7 @@ def from_local_file(
                               such file; arrays ``X`` (uint8 images) and ``Y``;
                               pixels / 255 flattened to 3072 features; seeded
                               80/20 split.
-    ==========  ============  =======================================================
+    =========== ============  =======================================================
 
     The full sets are large (HIGGS: 11M x 28 is 2.5 GB as float64; CIFAR-5M
     cannot be held as float64 at all): use ``max_rows`` to read only the first

@@ -202,6 +202,15 @@ def _load_trace(out: Path, row: Dict[str, Any]) -> Optional[Dict[str, Any]]:
         return None
 
 
+def _uses_M(backend: str) -> bool:
+    try:
+        from .runner import backend_class
+
+        return bool(backend_class(backend).uses_M)
+    except Exception:
+        return True
+
+
 def make_figures(rows: Sequence[Dict[str, Any]], out) -> List[str]:
     """Draw the figures into ``out`` and return their paths."""
     import matplotlib
@@ -223,34 +232,46 @@ def make_figures(rows: Sequence[Dict[str, Any]], out) -> List[str]:
         multi_M = len(Ms) > 1
 
         # ---- 1. test metric against fit time (seed figure 2)
-        fig, ax = plt.subplots(figsize=(7.5, 4.8))
+        fig, ax = plt.subplots(figsize=(8, 5))
+        ax.set_prop_cycle(color=plt.get_cmap("tab20").colors)
+        plotted: List[float] = []
+        # a model-size sweep is figure 2's business: here, the first M of each M-dependent backend
+        main_M = {}
         for r in ok:
-            if r.get("repeat", 0) not in (0, "0"):
+            main_M.setdefault(r["backend"], str(r.get("M")))
+        for r in ok:
+            if r.get("repeat", 0) not in (0, "0") or str(r.get("M")) != main_M[r["backend"]]:
                 continue
             tr = _load_trace(out, r)
             pts = [p for p in (tr or {}).get("points", []) if "metric" in p and p["metric"] == p["metric"]]
-            label = r["backend"] + (f" (M={r.get('M')})" if multi_M and r["backend"] not in ("joker", "sklearn",
-                                                                                         "gpytorch") else "")
+            label = r["backend"] + (f" (M={r.get('M')})" if multi_M and _uses_M(r["backend"]) else "")
             if len(pts) > 1:
                 t = [max(p["time"], 1e-4) for p in pts]
-                ax.plot(t, [p["metric"] for p in pts], marker=".", ms=3, lw=1.2, label=label)
+                ys = [p["metric"] for p in pts]
+                ax.plot(t, ys, marker=".", ms=3, lw=1.2, label=label)
+                plotted.extend(ys)
             else:
-                ax.plot([max(_num(r.get("fit_seconds")), 1e-4)], [_num(r.get("metric"))], marker="o", ls="",
-                        label=label)
+                y = _num(r.get("metric"))
+                ax.plot([max(_num(r.get("fit_seconds")), 1e-4)], [y], marker="o", ls="", label=label)
+                plotted.append(y)
         ax.set_xscale("log")
         ax.set_xlabel("fit time (s)")
         ax.set_ylabel(f"test {mname}")
         ax.set_title(f"{exp}: test {mname} during training")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, ncol=2)
-        if mname == "rmse":
-            vals = [_num(r.get("metric")) for r in ok]
-            lo = min(vals)
-            ax.set_ylim(lo * 0.97, lo * 1.35)
-        else:
-            vals = [_num(r.get("metric")) for r in ok]
-            hi = max(vals)
-            ax.set_ylim(max(0.0, hi - 0.25), min(1.0, hi + 0.03))
+        finals = [_num(r.get("metric")) for r in ok if not math.isnan(_num(r.get("metric")))]
+        plotted = [v for v in plotted if math.isfinite(v)]
+        if finals and plotted:
+            if mname in ("accuracy", "auc"):
+                best = max(finals + plotted)
+                lo = max(min(plotted), best - 0.2)
+                ax.set_ylim(lo - 0.01, min(1.0, best + 0.01))
+            else:
+                best = min(finals + plotted)
+                hi = min(max(plotted), best * 1.3)
+                pad = 0.05 * max(hi - best, 1e-12)
+                ax.set_ylim(best - pad, hi + pad)
         p = out / f"metric_vs_time_{_safe(exp)}.png"
         fig.tight_layout()
         fig.savefig(p, dpi=110)
@@ -306,7 +327,8 @@ def make_figures(rows: Sequence[Dict[str, Any]], out) -> List[str]:
             axes[0].set_xscale("log")
             axes[0].set_xlabel("block iterations")
             axes[0].set_ylabel("objective")
-            axes[0].set_yscale("symlog")
+            vals = [v for _, pts in curves for p in pts for v in (p["primal"], p["dual"])]
+            axes[0].set_yscale("log" if vals and min(vals) > 0 else "symlog")
             axes[0].set_title("primal (solid) and dual (dashed) objectives")
             axes[0].legend(fontsize=7)
             axes[1].set_xscale("log")

@@ -71,6 +71,10 @@ _BACKEND_MODULES = {
     "askotch": ("comparisons.backends.askotch", "ASkotchBackend"),
     "dsg": ("comparisons.backends.dsg", "DSGBackend"),
     "admm_svm": ("comparisons.backends.admm_svm", "ADMMSVMBackend"),
+    # deliberately failing backends for the harness's own tests (not part of 'all')
+    "_crash": ("comparisons.backends._faults", "CrashBackend"),
+    "_hang": ("comparisons.backends._faults", "HangBackend"),
+    "_die": ("comparisons.backends._faults", "DieBackend"),
 }
 
 
@@ -244,6 +248,20 @@ def _data_key(spec: ExperimentSpec) -> str:
     return hashlib.sha1(json.dumps(parts, default=str).encode()).hexdigest()[:12]
 
 
+def _load_capped(datasets, spec: ExperimentSpec, kw: Dict[str, Any]):
+    """``datasets.load`` with n_train / n_test read as caps: a split smaller than the cap is used whole."""
+    for _ in range(3):
+        try:
+            return datasets.load(spec.dataset, spec.task, **kw)
+        except ValueError as exc:
+            msg = str(exc)
+            key = next((k for k in ("n_train", "n_test") if msg.startswith(k) and kw.get(k) is not None), None)
+            if key is None or "at most" not in msg:
+                raise
+            kw = dict(kw, **{key: None})
+    return datasets.load(spec.dataset, spec.task, **kw)
+
+
 def prepare_data(spec: ExperimentSpec, cache_dir: str, cache: Dict[str, PreparedData]) -> PreparedData:
     """Load the spec's data once (through :func:`comparisons.datasets.load`), save it for the run processes
     and resolve ``sigma='median'`` on the training points (so every backend gets the same number)."""
@@ -254,9 +272,9 @@ def prepare_data(spec: ExperimentSpec, cache_dir: str, cache: Dict[str, Prepared
         kw: Dict[str, Any] = {"n_train": spec.n_train, "n_test": spec.n_test, "seed": spec.seed}
         if spec.data_path is not None:
             kw["path"] = spec.data_path
-        ds = datasets.load(spec.dataset, spec.task, **kw)
+        ds = _load_capped(datasets, spec, kw)
         if ds.task == "regression" and spec.standardize_y:
-            ds = datasets.load(spec.dataset, spec.task, standardize_y=True, **kw)
+            ds = _load_capped(datasets, spec, dict(kw, standardize_y=True))
         folder = Path(cache_dir) / key
         folder.mkdir(parents=True, exist_ok=True)
         y_mean = float(ds.info.get("y_mean", 0.0)) if ds.task == "regression" and spec.standardize_y else 0.0
@@ -278,9 +296,9 @@ def resolve_sigma(spec: ExperimentSpec, prep: PreparedData) -> float:
         return float(spec.sigma)
     from joker_ext.kernels import median_heuristic
 
-    X = np.load(Path(prep.folder) / "X_train.npy", mmap_mode="r")
+    X = np.load(Path(prep.folder) / "X_train.npy")
     metric = "l1" if spec.kernel == "laplacian_l1" else "l2"
-    return float(median_heuristic(np.asarray(X), metric=metric, seed=spec.seed))
+    return float(median_heuristic(X, metric=metric, seed=spec.seed))
 
 
 # ---------------------------------------------------------------------------- one run (in the child)
@@ -380,11 +398,19 @@ def _child_main(job: Dict[str, Any], result_path: str, log_path: str) -> None:
     os.dup2(fd, 2)
     os.close(fd)
     threads = job.get("threads")
+    limiter = contextlib.nullcontext()
     if threads:
         import torch
 
         torch.set_num_threads(int(threads))
-    res = run_one(job)
+        try:
+            from threadpoolctl import threadpool_limits
+
+            limiter = threadpool_limits(int(threads))
+        except ImportError:  # pragma: no cover
+            pass
+    with limiter:
+        res = run_one(job)
     _atomic_write_json(result_path, res)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -489,11 +515,26 @@ def run_suite(
     isolation: str = "forkserver",
     echo: Optional[Callable[[str], None]] = print,
     threads: Optional[int] = None,
+    startup_grace: float = STARTUP_GRACE,
 ) -> List[Dict[str, Any]]:
     """Run every experiment of ``specs`` with each of its backends (and repeats), one process per run.
 
     Rows are appended to ``out/results.csv`` (rewritten atomically after each run); traces go to
     ``out/traces/<run_id>.json`` and run logs to ``out/logs/``. Returns the rows.
+
+    Parameters
+    ----------
+    specs : sequence of ExperimentSpec
+    out : str
+        Output folder.
+    isolation : {'forkserver', 'spawn'}
+        How run processes start (see the module docstring).
+    echo : callable, optional
+        Receives one progress line per run.
+    threads : int, optional
+        CPU threads of each run (torch and BLAS).
+    startup_grace : float
+        Seconds added to ``spec.seconds`` before a run is killed (process start and data loading).
     """
     from .backends.base import Problem, Skip
     from .reporting import write_csv
@@ -515,7 +556,9 @@ def run_suite(
                 sigma = resolve_sigma(spec, prep)
             except Exception as exc:  # a data problem is recorded for each backend
                 data_error = f"data: {type(exc).__name__}: {exc}"
-            spec_run = spec if prep is None else spec.replace(sigma=sigma, task=prep.task)
+            if prep is not None and spec.task is None:
+                spec = spec.replace(task=prep.task)
+            spec_run = spec if prep is None else spec.replace(sigma=sigma)
             for backend in spec.backends:
                 for r in range(spec.repeats):
                     run_spec = spec_run.replace(seed=spec.seed + r) if r else spec_run
@@ -558,7 +601,7 @@ def run_suite(
                         ctx = _context(isolation)
                     job = {"spec": run_spec.to_dict(), "backend": backend, "repeat": r, "run_id": run_id,
                            "data": prep.__dict__, "threads": threads}
-                    res = _launch(ctx, job, outp / "logs", run_spec.seconds + STARTUP_GRACE)
+                    res = _launch(ctx, job, outp / "logs", run_spec.seconds + startup_grace)
                     trace_file = ""
                     if res.get("trace"):
                         trace_file = str(Path("traces") / f"{run_id}.json")

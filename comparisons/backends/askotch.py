@@ -20,6 +20,8 @@ DEFAULT_EPOCHS = 20
 
 
 class ASkotchBackend(SolverBackend):
+    """ASkotch for (K + n penalty I) w = y on all points."""
+
     name = "askotch"
     uses_M = False
     losses = ("squared",)

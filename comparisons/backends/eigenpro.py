@@ -28,6 +28,8 @@ DEFAULT_EPOCHS = 10
 
 
 class EigenPro2Backend(SolverBackend):
+    """EigenPro 2 on all points; the penalty through its ridge extension (option ridge=false: none)."""
+
     name = "eigenpro2"
     uses_M = False
     losses = ("squared",)
@@ -69,6 +71,8 @@ class EigenPro2Backend(SolverBackend):
 
 
 class EigenPro3Backend(EigenPro2Backend):
+    """EigenPro 3 over M uniformly drawn centres (no ridge term: the penalty is not honoured)."""
+
     name = "eigenpro3"
     uses_M = True
     cls_name = "EigenPro3"

@@ -22,6 +22,8 @@ DEFAULT_MAX_N = 20_000
 
 
 class GPyTorchBackend(Backend):
+    """Exact GP posterior mean with noise n * penalty (GPyTorch, Cholesky)."""
+
     name = "gpytorch"
     uses_M = False
     losses = ("squared",)

@@ -38,6 +38,8 @@ DEFAULT_MAX_N = 20_000
 
 
 class SklearnBackend(Backend):
+    """Exact kernel ridge / SVC / SVR / logistic regression (scikit-learn), n up to 20,000."""
+
     name = "sklearn"
     uses_M = False
     losses = ("squared", "hinge", "squared_hinge", "logistic", "epsilon_insensitive")
@@ -105,6 +107,10 @@ class SklearnBackend(Backend):
 
         spec, task = self.spec, self.problem.task
         loss = spec.effective_loss
+        if spec.dtype != "float64":
+            self.note(f"scikit-learn computes in float64 (dtype={spec.dtype} not used)")
+        if spec.device != "cpu":
+            self.note(f"scikit-learn runs on the CPU (device={spec.device} not used)")
         self._X = np.ascontiguousarray(X, dtype=np.float64)
         self._k = self._kernel_fn()
         K = self._k(self._X, self._X)

@@ -10,7 +10,7 @@ Prediction ``f(x) = sum_i w_i k(x_i, x)``.
 What is reproduced
 ------------------
 * Randomised block coordinate descent on the dual with a fresh **Nystrom block preconditioner** per
-  iteration: for a block b (size |b|, drawn uniformly without replacement), ``P_b = Nystrom(K_bb, r)``
+  iteration: for a block b (size ``|b|``, drawn uniformly without replacement), ``P_b = Nystrom(K_bb, r)``
   (Algorithm 2: Gaussian test matrix, thin QR, shift ``nu = eps * tr(K_bb)``, Cholesky, SVD,
   ``Lambda = max(0, Sigma^2 - nu)``), damping ``rho = lam + Lambda_r`` (the smallest kept eigenvalue; the
   paper's recommended "damped" choice), step ``1 / L_b`` with ``L_b = lambda_1((P_b + rho I)^{-1/2}
@@ -122,9 +122,9 @@ class ASkotch:
     lam : float
         ASkotch's ridge lambda (> 0): solves ``(K + lam I) w = y``. From a Falkon penalty: ``lam = n * penalty``.
     block_size : int, optional
-        Block size |b|; default ``max(1, round(n / 100))`` (about n / 100, the authors' default), capped at n.
+        Block size ``|b|``; default ``max(1, round(n / 100))`` (about n / 100, the authors' default), capped at n.
     rank : int, default 100
-        Rank r of the block Nystrom preconditioner (capped at |b|).
+        Rank r of the block Nystrom preconditioner (capped at ``|b|``).
     rho : 'damped', 'regularization' or float
         Preconditioner damping: ``lam + smallest kept Nystrom eigenvalue`` (paper's recommendation), ``lam``,
         or a positive number.

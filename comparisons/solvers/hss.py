@@ -19,7 +19,7 @@ Construction (:meth:`HSSMatrix.from_kernel`)
    drawn outside columns (the far field). A column-pivoted QR of ``K(C, S)^T`` picks k <= ``max_rank``
    skeleton rows (``|R_kk| > rel_tol |R_11|``) and the interpolation matrix U_tau with
    ``K(C, .) ~ U_tau K(skel_tau, .)`` (``U_tau`` holds the identity on the skeleton rows).
-4. **Stored form.** Leaves: the dense diagonal blocks ``D_tau = K(I_tau, I_tau)`` and ``U_tau`` (|I_tau| x k);
+4. **Stored form.** Leaves: the dense diagonal blocks ``D_tau = K(I_tau, I_tau)`` and ``U_tau`` (``|I_tau| x k``);
    internal nodes: ``U_tau`` (k_left + k_right) x k; every pair of siblings: ``B = K(skel_left, skel_right)``.
    With ``leaf_size = O(r)`` this is O(n r) numbers (:meth:`HSSMatrix.memory_numbers` counts them).
 

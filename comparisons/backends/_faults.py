@@ -1,0 +1,50 @@
+"""Backends that fail on purpose, for the harness's own tests (hidden from ``--backends all``).
+
+``_crash`` raises in ``fit``; ``_hang`` sleeps until it is killed; ``_die`` ends its process abruptly
+(as an out-of-memory kill would). The harness must record each with its error and lose no other result.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from .base import Backend
+
+__all__ = ["CrashBackend", "HangBackend", "DieBackend"]
+
+
+class CrashBackend(Backend):
+    name = "_crash"
+    uses_M = False
+
+    def fit(self, X, y, trace) -> None:
+        self.note("this backend raises on purpose")
+        raise RuntimeError("deliberate failure in fit")
+
+    def predict(self, X):  # pragma: no cover - never reached
+        return np.zeros(len(X))
+
+
+class HangBackend(Backend):
+    name = "_hang"
+    uses_M = False
+
+    def fit(self, X, y, trace) -> None:
+        while True:
+            time.sleep(0.05)
+
+    def predict(self, X):  # pragma: no cover - never reached
+        return np.zeros(len(X))
+
+
+class DieBackend(Backend):
+    name = "_die"
+    uses_M = False
+
+    def fit(self, X, y, trace) -> None:
+        os._exit(3)
+
+    def predict(self, X):  # pragma: no cover - never reached
+        return np.zeros(len(X))
