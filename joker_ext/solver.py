@@ -503,8 +503,9 @@ def _block_step(operator, state, loss: Loss, Y, c_col, alpha, idx, lo_all, hi_al
         return torch.minimum(torch.maximum(X0 + S, lo.repeat(1, k)), hi.repeat(1, k)) - X0
 
     gg = (gF * gF).sum(0)
-    if radius is None and loss.quadratic:
-        # The quadratic model is exact (on each orthant): a trust region would only slow the first steps.
+    if radius is None and loss.quadratic and bool((hdiag > 0).all()):
+        # The quadratic model is exact and strictly convex: a trust region would only slow the first
+        # steps. (Linear conjugates such as hinge keep it: with a singular K_BB it bounds the step.)
         radius = torch.full_like(gg, math.inf)
     if radius is None:
         gHg = (gF * hvp(gF)).sum(0)
