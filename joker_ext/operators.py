@@ -117,7 +117,7 @@ class FeatureOperator:
 
     mode = "features"
 
-    def __init__(self, feature_map: FeatureMap, data: BlockData, *, chunk_rows: int = 4096, gram_max: int = 256):
+    def __init__(self, feature_map: FeatureMap, data: BlockData, *, chunk_rows: int = 4096, gram_max: int = 1024):
         self.feature_map = feature_map
         self.data = data
         self.chunk_rows = max(1, int(chunk_rows))
