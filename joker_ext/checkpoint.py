@@ -171,8 +171,10 @@ def save_estimator(estimator, path: PathLike) -> Path:
             tensors["classes"] = torch.as_tensor(classes)
         else:
             meta["classes"] = [str(c) for c in classes]
-    if getattr(estimator, "calibrator_", None):
-        meta["calibrator"] = estimator.calibrator_
+    if getattr(estimator, "calibration_scale_", None) is not None:
+        meta["calibration_scale"] = float(estimator.calibration_scale_)
+    if getattr(estimator, "intercept_", None) is not None:
+        tensors["intercept"] = torch.as_tensor(np.atleast_1d(np.asarray(estimator.intercept_, dtype=np.float64)))
     obj = {"format": "joker_ext", "version": FORMAT_VERSION, "kind": "estimator", "meta": json.dumps(meta),
            **tensors}
     return atomic_save(obj, path)
@@ -204,7 +206,6 @@ def load_estimator(path: PathLike):
     est.coef_ = obj["coef"].numpy() if "coef" in obj else None
     est.n_features_in_ = meta["n_features_in"]
     est._y_1d = meta["y_1d"]
-    est._fit_X_shape = est.X_fit_.shape
     for k, v in meta["fit"].items():
         setattr(est, k, v)
     if est.n_features is None:
@@ -217,8 +218,15 @@ def load_estimator(path: PathLike):
         est.classes_ = obj["classes"].numpy()
     elif "classes" in meta:
         est.classes_ = np.asarray(meta["classes"])
-    if "calibrator" in meta:
-        est.calibrator_ = [tuple(x) for x in meta["calibrator"]]
+    est.calibration_scale_ = meta.get("calibration_scale")
+    if "intercept" in obj:
+        est.intercept_ = est._format_intercept(obj["intercept"].numpy())
+    else:
+        est.intercept_ = None
+    fam = est.kernel_.family
+    sig = est.sigma_
+    est.gamma_ = (1.0 / (2.0 * sig**2) if fam == "gaussian" else 1.0 / sig) \
+        if fam in ("gaussian", "laplacian_l1") and isinstance(sig, float) else None
     est._model_cache = None
     est._model_cache = est._model()
     return est

@@ -304,7 +304,8 @@ class _JokerBase(BaseEstimator):
 
     def _check_bandwidth_params(self) -> None:
         """``gamma`` is an alias of ``sigma``: both at once is ambiguous."""
-        if self.gamma is not None and not (self.sigma is None or (isinstance(self.sigma, str) and self.sigma == "median")):
+        sigma_default = self.sigma is None or (isinstance(self.sigma, str) and self.sigma == "median")
+        if self.gamma is not None and not sigma_default:
             raise ValueError(
                 f"sigma and gamma both set the bandwidth (gamma = 1/(2 sigma^2)); pass only one of them, "
                 f"got sigma={self.sigma!r} and gamma={self.gamma!r}"
@@ -319,7 +320,9 @@ class _JokerBase(BaseEstimator):
         if self.gamma is not None:
             fam = self.kernel if isinstance(self.kernel, str) else "gaussian"
             if fam not in ("gaussian", "laplacian_l1"):
-                raise ValueError(f"gamma is defined for kernel='gaussian' or 'laplacian_l1', got kernel={self.kernel!r}")
+                raise ValueError(
+                    f"gamma is defined for kernel='gaussian' or 'laplacian_l1', got kernel={self.kernel!r}"
+                )
             return gamma_to_sigma(self.gamma, fam)
         if isinstance(self.sigma, str) or self.sigma is None:
             if X.shape[0] < 2:
@@ -339,6 +342,12 @@ class _JokerBase(BaseEstimator):
 
     def _build_kernel(self, X: np.ndarray) -> Kernel:
         if isinstance(self.kernel, str):
+            if self.kernel not in ("gaussian", "laplacian", "laplacian_l1", "matern"):
+                raise ValueError(
+                    "kernel must be one of 'gaussian', 'laplacian', 'laplacian_l1', 'matern' or a kernel object, "
+                    f"got {self.kernel!r} (scikit-learn's 'rbf' is 'gaussian' with gamma = 1/(2 sigma^2), its "
+                    "'laplacian' is 'laplacian_l1'; joker_ext.adapters.sklearn.pairwise_kernel translates the others)"
+                )
             sigma = self._effective_sigma(X)
             return make_kernel(self.kernel, sigma, nu=self.nu if self.kernel == "matern" else None)
         return _resolve_kernel_object(self.kernel)
@@ -366,10 +375,25 @@ class _JokerBase(BaseEstimator):
             return None, None
         alpha0 = torch.as_tensor(self.dual_coef_)
         b0 = None
-        if self.fit_intercept and getattr(self, "_intercept_vector", None) is not None \
-                and len(self._intercept_vector) == n_targets:
-            b0 = np.asarray(self._intercept_vector, dtype=np.float64)
+        prev = self._intercept_array(n_targets)
+        if self.fit_intercept and prev is not None:
+            b0 = prev
         return alpha0, b0
+
+    def _format_intercept(self, b: np.ndarray):
+        """``intercept_`` as scikit-learn spells it: a float for one regression output, else an array
+        (shape (1,) for a binary classifier, like SVC)."""
+        if isinstance(self, RegressorMixin) and getattr(self, "_y_1d", False):
+            return float(b[0])
+        return b.copy()
+
+    def _intercept_array(self, n_targets: int) -> Optional[np.ndarray]:
+        """The fitted intercepts as a float array of length ``n_targets`` (None when absent)."""
+        b = getattr(self, "intercept_", None)
+        if b is None:
+            return None
+        b = np.atleast_1d(np.asarray(b, dtype=np.float64))
+        return b if b.shape == (n_targets,) else None
 
     def _fit_targets(self, X, Y: np.ndarray, sample_weight, loss: Loss):
         """Common part of ``fit`` once targets are an (n, T) float array."""
@@ -422,7 +446,7 @@ class _JokerBase(BaseEstimator):
         self._fit_fingerprint = fingerprint
         self.dual_coef_ = model.alpha.detach().cpu().numpy()
         self.coef_ = None if model.beta is None else model.beta.detach().cpu().numpy()
-        self._intercept_vector = intercept
+        self.intercept_ = self._format_intercept(np.asarray(intercept, dtype=np.float64))
         self.n_iter_ = int(n_iter)
         self.n_intercept_rounds_ = int(rounds)
         self.status_ = res["status"] if isinstance(res, dict) else res.status
@@ -520,8 +544,9 @@ class _JokerBase(BaseEstimator):
             P, D = float(primal.sum()), float(dual.sum())
             gap = P + D
             rel = gap / max(abs(P), abs(D), torch.finfo(dtype).tiny)
-            rec = {"round": rounds, "iteration": total, "time": time.perf_counter() - t0, "primal": P, "dual": D, "gap": gap, "rel_gap": rel, "intercept": b_eff.copy(),
-                   "sum_alpha": s.copy(), "inner_rel_gap": res.rel_gap}
+            rec = {"round": rounds, "iteration": total, "time": time.perf_counter() - t0, "primal": P, "dual": D,
+                   "gap": gap, "rel_gap": rel, "intercept": b_eff.copy(), "sum_alpha": s.copy(),
+                   "inner_rel_gap": res.rel_gap}
             history.append(rec)
             if best is None or rel <= best["rel_gap"]:
                 best = dict(rec, model=model, beta=beta)
@@ -564,9 +589,12 @@ class _JokerBase(BaseEstimator):
         X = validate_data(self, _to_numpy(X), reset=False, dtype=[np.float64, np.float32])
         F = self._model().decision(torch.from_numpy(np.ascontiguousarray(X)))
         out = F.detach().cpu().numpy().astype(np.float64)
-        b = getattr(self, "_intercept_vector", None)
-        if b is not None:
-            out = out + np.asarray(b, dtype=np.float64)[None, :]
+        b = self._intercept_array(out.shape[1])
+        if b is None:
+            if self.fit_intercept:
+                raise AttributeError(f"{type(self).__name__} was fitted with fit_intercept=True but has no intercept_")
+        else:
+            out = out + b[None, :]
         if not np.all(np.isfinite(out)):
             raise FloatingPointError(
                 "the model produced non-finite predictions; refit with dtype='float64' or a smaller C"
@@ -607,8 +635,8 @@ class _JokerBase(BaseEstimator):
             parts.append(f"sigma_={s:.4g}" if isinstance(s, float) else f"sigma_=array(shape={np.shape(s)})")
         if getattr(self, "gamma_", None) is not None:
             parts.append(f"gamma_={self.gamma_:.4g}")
-        if self.fit_intercept and getattr(self, "_intercept_vector", None) is not None:
-            b = np.asarray(self._intercept_vector)
+        if self.fit_intercept and getattr(self, "intercept_", None) is not None:
+            b = np.atleast_1d(np.asarray(self.intercept_))
             parts.append(f"intercept_={b[0]:.4g}" if b.size == 1 else f"intercept_=array(shape={b.shape})")
         parts.append(f"n_iter_={self.n_iter_}")
         parts.append(f"status_={self.status_!r}")
@@ -687,8 +715,9 @@ _COMMON_PARAMS_DOC = """
     verbose : bool
         Progress bar.
     warm_start : bool
-        Start from the previous ``dual_coef_`` (and intercept) when the training data are the same, e.g.
-        along a path of C (the previous dual variables are projected on the new box); otherwise a cold start.
+        Start from the previous ``dual_coef_`` (and intercept) when ``X``, ``y`` and the sample weights are
+        those of the previous fit (checked by a fingerprint), e.g. along a path of C (the previous dual
+        variables are projected on the new box); otherwise a cold start.
     max_time : float, optional
         Time budget in seconds.
 """
@@ -761,10 +790,7 @@ class JokerRegressor(RegressorMixin, _JokerBase):
         sample_weight = _check_sample_weight(sample_weight, X, dtype=np.float64)
         self._y_1d = y.ndim == 1
         Y = y.reshape(-1, 1) if y.ndim == 1 else y
-        self._fit_targets(X, Y.astype(np.float64), sample_weight, loss)
-        b = np.asarray(self._intercept_vector, dtype=np.float64)
-        self.intercept_ = float(b[0]) if self._y_1d else b.copy()
-        return self
+        return self._fit_targets(X, Y.astype(np.float64), sample_weight, loss)
 
     def predict(self, X) -> np.ndarray:
         """``f(X)``, shape (n,) or (n, n_outputs)."""
@@ -792,7 +818,7 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
     def __init__(self, loss="hinge", C=1.0, kernel="gaussian", sigma="median", gamma=None, nu=1.5,
                  n_features=None, features="cossin", block_size=None, max_iter=None, tol=None, epsilon=0.1,
                  delta=1.0, quantile=0.5, device="cpu", dtype="float64", random_state=None, verbose=False,
-                 warm_start=False, max_time=None, fit_intercept=False, class_weight=None, probability=False):
+                 warm_start=False, max_time=None, class_weight=None, probability=False, fit_intercept=False):
         self.loss = loss
         self.C = C
         self.kernel = kernel
@@ -813,9 +839,9 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
         self.verbose = verbose
         self.warm_start = warm_start
         self.max_time = max_time
-        self.fit_intercept = fit_intercept
         self.class_weight = class_weight
         self.probability = probability
+        self.fit_intercept = fit_intercept
 
     def fit(self, X, y, sample_weight=None):
         """Fit on X (n, d) and labels y (n,) of any type with at least two classes.
@@ -839,7 +865,6 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
         else:
             Y = np.where(y_idx[:, None] == np.arange(k)[None, :], 1.0, -1.0)
         self._fit_targets(X, Y, sample_weight, loss)
-        self.intercept_ = np.asarray(self._intercept_vector, dtype=np.float64).copy()
         self.calibration_scale_ = None
         if self.probability and loss.name != "logistic":
             self._fit_calibration(X, y_idx, sample_weight)
@@ -977,7 +1002,8 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
             return self._calibrated_proba(self.decision_function(X))
         else:
             raise AttributeError(
-                f"predict_proba is available for loss='logistic', or with probability=True; got loss={self.loss_.name!r}"
+                "predict_proba is available for loss='logistic', or with probability=True; "
+                f"got loss={self.loss_.name!r}"
             )
         if P.ndim == 1:
             return np.column_stack([1.0 - P, P])
