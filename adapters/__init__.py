@@ -30,6 +30,10 @@ def translate_kernel(kernel) -> Kernel:
         from . import gpytorch as _gpytorch
 
         return _gpytorch.translate_kernel(kernel)
+    if root == "sklearn":
+        from . import sklearn as _sklearn
+
+        return _sklearn.translate_kernel(kernel)
     # A user's own kernel class (defined outside gpytorch) that subclasses gpytorch.kernels.Kernel.
     import sys
 
