@@ -575,8 +575,8 @@ class JokerGP(torch.nn.Module):
     verbose : bool
         Progress bar.
 
-    Attributes (after fit)
-    ----------------------
+    Attributes
+    ----------
     alpha_ : Tensor (n,)
         Dual coefficients (buffer).
     X_train_ : Tensor (n, d)

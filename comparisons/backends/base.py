@@ -76,8 +76,8 @@ def resolve_budget_epochs(spec, default: float) -> float:
 class Backend:
     """Base class of harness backends (see the module docstring for the contract).
 
-    Class attributes
-    ----------------
+    Attributes
+    ----------
     name : str
         The backend's name in the table.
     uses_M : bool

