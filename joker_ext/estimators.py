@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 import math
 import numbers
+import os
 import time
 import warnings
 from typing import Optional
@@ -280,6 +281,9 @@ class _JokerBase(BaseEstimator):
         "verbose": ["verbose"],
         "warm_start": ["boolean"],
         "max_time": [Interval(numbers.Real, 0, None, closed="neither"), None],
+        "max_memory": [Interval(numbers.Real, 0, None, closed="neither"), str, None],
+        "checkpoint": [str, os.PathLike, None],
+        "checkpoint_every": [Interval(numbers.Integral, 1, None, closed="left")],
     }
 
     _allowed_losses: tuple = ()
@@ -437,8 +441,13 @@ class _JokerBase(BaseEstimator):
         if self.fit_intercept:
             model, intercept, res, n_iter, rounds = self._fit_with_intercept(data, Yt, loss, c, opts, alpha0, b0)
         else:
+            resume = None
+            if self.checkpoint is not None and os.path.isfile(self.checkpoint) and alpha0 is None:
+                resume = self.checkpoint  # continue an interrupted fit of the same data bitwise
             model = fit_dual(data, Yt, loss=loss, c=c, kernel=self.kernel_, feature_map=self.feature_map_,
-                             options=opts, dtype=self.dtype_, device=self.device_, alpha0=alpha0)
+                             options=opts, dtype=self.dtype_, device=self.device_, alpha0=alpha0,
+                             max_memory=self.max_memory, resume=resume, checkpoint_path=self.checkpoint,
+                             checkpoint_every=self.checkpoint_every)
             res = model.result
             n_iter, rounds = res.n_iter, 0
             intercept = np.zeros(Yk.shape[1])
@@ -515,7 +524,7 @@ class _JokerBase(BaseEstimator):
             inner = dataclasses.replace(opts, max_iter=max(1, -(-(opts.max_iter - total) // 2)), tol=inner_tol,
                                         max_time=None if opts.max_time is None else max(1e-3, opts.max_time - elapsed))
             model = fit_dual(data, Y, loss=_OffsetLoss(loss, b), c=c, kernel=kern, feature_map=fmap, options=inner,
-                             dtype=dtype, device=device, alpha0=alpha)
+                             dtype=dtype, device=device, alpha0=alpha, max_memory=self.max_memory)
             res = model.result
             total += res.n_iter
             rounds += 1
@@ -720,6 +729,16 @@ _COMMON_PARAMS_DOC = """
         variables are projected on the new box); otherwise a cold start.
     max_time : float, optional
         Time budget in seconds.
+    max_memory : int or str, optional
+        Memory budget of the fit ('2GB' or bytes): block size and streaming chunks are chosen to fit it
+        (:func:`joker_ext.memory.plan_blocks`); a block that still runs out of memory is halved with a
+        warning and the fit continues from the last consistent iterate.
+    checkpoint : str or path, optional
+        Write the solver state to this file every ``checkpoint_every`` block iterations (atomically,
+        tensors only). If the file exists when ``fit`` starts (a fit of the same data was interrupted),
+        the fit resumes from it and ends bitwise where the uninterrupted fit would have (CPU, same seed).
+        Not used with ``fit_intercept=True``.
+    checkpoint_every : int, default 100
 """
 
 _COMMON_ATTRS_DOC = """
@@ -752,7 +771,8 @@ class JokerRegressor(RegressorMixin, _JokerBase):
     def __init__(self, loss="squared", C=1.0, kernel="gaussian", sigma="median", gamma=None, nu=1.5,
                  n_features=None, features="cossin", block_size=None, max_iter=None, tol=None, epsilon=0.1,
                  delta=1.0, quantile=0.5, device="cpu", dtype="float64", random_state=None, verbose=False,
-                 warm_start=False, max_time=None, fit_intercept=False):
+                 warm_start=False, max_time=None, fit_intercept=False, max_memory=None, checkpoint=None,
+                 checkpoint_every=100):
         self.loss = loss
         self.C = C
         self.kernel = kernel
@@ -773,6 +793,9 @@ class JokerRegressor(RegressorMixin, _JokerBase):
         self.verbose = verbose
         self.warm_start = warm_start
         self.max_time = max_time
+        self.max_memory = max_memory
+        self.checkpoint = checkpoint
+        self.checkpoint_every = checkpoint_every
         self.fit_intercept = fit_intercept
 
     def fit(self, X, y, sample_weight=None):
@@ -818,7 +841,8 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
     def __init__(self, loss="hinge", C=1.0, kernel="gaussian", sigma="median", gamma=None, nu=1.5,
                  n_features=None, features="cossin", block_size=None, max_iter=None, tol=None, epsilon=0.1,
                  delta=1.0, quantile=0.5, device="cpu", dtype="float64", random_state=None, verbose=False,
-                 warm_start=False, max_time=None, class_weight=None, probability=False, fit_intercept=False):
+                 warm_start=False, max_time=None, class_weight=None, probability=False, fit_intercept=False,
+                 max_memory=None, checkpoint=None, checkpoint_every=100):
         self.loss = loss
         self.C = C
         self.kernel = kernel
@@ -839,6 +863,9 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
         self.verbose = verbose
         self.warm_start = warm_start
         self.max_time = max_time
+        self.max_memory = max_memory
+        self.checkpoint = checkpoint
+        self.checkpoint_every = checkpoint_every
         self.class_weight = class_weight
         self.probability = probability
         self.fit_intercept = fit_intercept

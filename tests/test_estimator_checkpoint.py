@@ -36,3 +36,28 @@ def test_save_load_predicts_identically(tmp_path, make):
 def test_saving_an_unfitted_estimator_is_refused(tmp_path):
     with pytest.raises(ValueError, match="not fitted"):
         save_estimator(JokerRegressor(), tmp_path / "m.joker")
+
+
+def test_interrupted_fit_resumes_from_its_checkpoint_bitwise(tmp_path):
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((600, 3))
+    y = np.sin(2 * X[:, 0]) + 0.1 * rng.standard_normal(600)
+    kw = dict(loss="huber", C=50.0, n_features=64, block_size=100, max_iter=60, tol=0.0, random_state=0)
+    full = JokerRegressor(**kw).fit(X, y)
+    path = tmp_path / "fit.ckpt"
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        JokerRegressor(**{**kw, "max_iter": 25}, checkpoint=str(path), checkpoint_every=10).fit(X, y)  # "crash" at 25
+    resumed = JokerRegressor(**kw, checkpoint=str(path), checkpoint_every=10).fit(X, y)
+    np.testing.assert_array_equal(resumed.dual_coef_, full.dual_coef_)
+    np.testing.assert_array_equal(resumed.predict(X), full.predict(X))
+
+
+def test_max_memory_parameter_is_honoured():
+    rng = np.random.default_rng(2)
+    X = rng.standard_normal((3000, 4))
+    y = X[:, 0]
+    with pytest.warns(RuntimeWarning, match="block_size reduced"):
+        m = JokerRegressor(block_size=3000, max_iter=5, max_memory="40MB", sigma=1.0).fit(X, y)
+    assert np.all(np.isfinite(m.predict(X[:10])))
