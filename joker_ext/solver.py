@@ -538,7 +538,10 @@ def _block_step(operator, state, loss: Loss, Y, c_col, alpha, idx, lo_all, hi_al
     boundary = torch.zeros(T, dtype=torch.bool, device=aB.device)
     H_full = None
     use_direct = opts.subproblem == "direct" or (
-        opts.subproblem == "auto" and ops.matrix is not None and aB.shape[0] <= opts.direct_max)
+        opts.subproblem == "auto" and ops.matrix is not None and aB.shape[0] <= opts.direct_max
+        # Without a positive diagonal (linear conjugates: hinge, absolute, pinball) the block matrix is
+        # singular, Cholesky fails and every round needs an eigendecomposition: only for small blocks.
+        and (aB.shape[0] <= 512 or bool((hdiag > 0).all())))
     if use_direct:
         if ops.matrix is None:
             raise ValueError("subproblem='direct' needs the block's kernel matrix (exact kernels)")
