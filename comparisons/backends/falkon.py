@@ -7,11 +7,12 @@ Translation of the spec (CONVENTIONS.md section 2):
   ``C = 1/(n lambda)``); classification uses -1/+1 targets (one-vs-rest columns for multi-class);
 * logistic loss (binary) -> ``falkon.LogisticFalkon`` with the spec's penalty as the *last* entry of its
   ``penalty_list`` (its objective is ``(1/n) sum l + (lambda/2) ||f||^2``, again ``C = 1/(n lambda)``):
-  the earlier entries are Falkon's Newton continuation (larger penalties, a few steps each);
+  the earlier entries are Falkon's Newton continuation (larger penalties, one Newton step each); then
+  ``iterations`` (default 5) Newton steps at the spec's penalty, 10 CG iterations each;
 * Gaussian / Laplacian (L2) / Matern kernels with the same sigma; ``laplacian_l1`` and the other losses
   have no Falkon counterpart and are skipped;
 * ``M`` centres (``None``: all n points, the exact KRR solution); budget ``iterations`` = CG iterations
-  (Falkon's default 20 otherwise; for LogisticFalkon the iterations of the last Newton step);
+  (Falkon's default 20 otherwise; for LogisticFalkon the number of Newton steps at the final penalty);
 * ``FalkonOptions(use_cpu=True, keops_active='no')`` on the CPU, so that no KeOps compilation happens
   (``--option falkon.keops_active=auto`` and other FalkonOptions fields may be given).
 """
@@ -29,6 +30,8 @@ __all__ = ["FalkonBackend"]
 
 
 class FalkonBackend(Backend):
+    """Falkon (squared loss) or LogisticFalkon (logistic) over M uniformly drawn centres."""
+
     name = "falkon"
     uses_M = True
     losses = ("squared", "logistic")
@@ -108,12 +111,17 @@ class FalkonBackend(Backend):
             lam = spec.penalty
             penalty_list = self.option("penalty_list")
             if penalty_list is None:
-                penalty_list = [p for p in (1e-2, 1e-4, 1e-6, 1e-8) if p > 10 * lam][:3] + [lam]
+                steps = int(spec.iterations or 5)
+                penalty_list = [p for p in (1e-2, 1e-4, 1e-6, 1e-8) if p > 10 * lam][:3] + [lam] * steps
             elif float(penalty_list[-1]) != lam:
                 raise ValueError(f"option falkon.penalty_list must end with the spec's penalty {lam:g}, "
                                  f"got {penalty_list!r}")
-            last = int(spec.iterations or 8)
-            iter_list = self.option("iter_list") or [3] * (len(penalty_list) - 1) + [last]
+            iter_list = self.option("iter_list")
+            if iter_list is None:
+                iter_list = [3 if p != lam else 10 for p in penalty_list]
+            if len(iter_list) != len(penalty_list):
+                raise ValueError(f"option falkon.iter_list must have one entry per penalty "
+                                 f"({len(penalty_list)}), got {iter_list!r}")
             model = falkon.LogisticFalkon(kernel=kernel, penalty_list=list(penalty_list), iter_list=list(iter_list),
                                           loss=LogisticLoss(kernel), M=M, center_selection="uniform",
                                           seed=int(spec.seed), error_fn=error_fn, error_every=1, options=opt)
