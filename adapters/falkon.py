@@ -57,6 +57,7 @@ from joker_ext.losses import Loss, get_loss
 from joker_ext.memory import plan_blocks
 from joker_ext.model import KernelModel, default_block_size, fit_dual
 from joker_ext.solver import SolverOptions
+from joker_ext.validation import check_positive
 
 __all__ = [
     "translate_kernel",
@@ -350,18 +351,6 @@ def _positive_int(name: str, v, *, allow_none: bool = False) -> Optional[int]:
     return int(v)
 
 
-def _positive_float(name: str, v) -> float:
-    if isinstance(v, bool):
-        raise TypeError(f"{name} must be a positive number, got {v!r}")
-    try:
-        f = float(v)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"{name} must be a positive number, got {v!r}") from exc
-    if not math.isfinite(f) or f <= 0:
-        raise ValueError(f"{name} must be a positive finite number, got {v!r}")
-    return f
-
-
 def _check_features(features) -> str:
     if not isinstance(features, str) or features not in FEATURE_MODES:
         raise ValueError(f"features must be one of {FEATURE_MODES}, got {features!r}")
@@ -449,7 +438,7 @@ class _FalkonFace(BaseEstimator):
         opt = translate_options(self.options, device=self.device, data_device=X.device, d=X.shape[1],
                                 tol=self.tol)
         if self.max_time is not None:
-            _positive_float("max_time", self.max_time)
+            check_positive("max_time", self.max_time)
         if warm and getattr(self, "seed_", None) is not None and self.seed is None:
             seed = self.seed_
         else:
@@ -743,7 +732,7 @@ class JokerFalkon(_FalkonFace):
         earlier fit on the same data: the solver continues from it (with the same seed, the same features).
         """
         t_start = time.perf_counter()
-        penalty = _positive_float("penalty", self.penalty)
+        penalty = check_positive("penalty", self.penalty)
         M = _positive_int("M", self.M, allow_none=True)
         per_iter = _positive_int("epochs_per_iter", self.epochs_per_iter)
         epochs = _positive_int("maxiter", self.maxiter) * per_iter
@@ -877,7 +866,7 @@ class JokerLogisticFalkon(_FalkonFace):
             if isinstance(v, (str, bytes)) or not hasattr(v, "__len__"):
                 raise TypeError(f"{name} must be a list, got {type(v).__name__}")
             lists.append(list(v.tolist() if hasattr(v, "tolist") else v))
-        pens = [_positive_float(f"penalty_list[{i}]", p) for i, p in enumerate(lists[0])]
+        pens = [check_positive(f"penalty_list[{i}]", p) for i, p in enumerate(lists[0])]
         its = [_positive_int(f"iter_list[{i}]", v) for i, v in enumerate(lists[1])]
         if len(pens) != len(its):
             raise ValueError(f"iter_list must have the same length as penalty_list, got {len(its)} and {len(pens)}")
