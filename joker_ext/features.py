@@ -52,6 +52,11 @@ class FeatureMap:
         """Feature maps keep their parameters in float64 on the CPU and cast on use; returns self."""
         return self
 
+    def expected_gram(self, X1: torch.Tensor, X2: torch.Tensor) -> Optional[torch.Tensor]:
+        """``E[phi(X1) phi(X2)^T]`` over the random draw, when the map is an unbiased estimator of a kernel
+        that can be evaluated (then it is that kernel's matrix); None otherwise (Nystrom features)."""
+        return None
+
 
 def _chi2(df: float, size: int, gen: torch.Generator) -> torch.Tensor:
     """chi-square(df) samples via Gamma(df/2, scale=2) drawn with the generator (CPU float64)."""
@@ -208,6 +213,10 @@ class RandomFeatureMap(FeatureMap):
             out[:, -1] = torch.cos(Z[:, -1] + b[-1]) * scale
         return out
 
+    def expected_gram(self, X1: torch.Tensor, X2: torch.Tensor) -> torch.Tensor:
+        """``K(X1, X2)``: random Fourier features are unbiased, ``E[phi(x)^T phi(y)] = k(x, y)``."""
+        return self.kernel(X1, X2)
+
     def __repr__(self) -> str:
         return (f"RandomFeatureMap({self.kernel!r}, n_features={self.n_features}, form={self.form!r}, "
                 f"orthogonal={self.orthogonal}, seed={self.seed})")
@@ -222,6 +231,11 @@ class ConcatFeatureMap(FeatureMap):
 
     def __call__(self, X):
         return torch.cat([m(X) for m in self.maps], dim=1)
+
+    def expected_gram(self, X1, X2):
+        """The sum of the parts' expected Gram matrices (None when one part has none)."""
+        parts = [m.expected_gram(X1, X2) for m in self.maps]
+        return None if any(p is None for p in parts) else sum(parts[1:], parts[0])
 
 
 class NystromFeatureMap(FeatureMap):

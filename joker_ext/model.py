@@ -105,6 +105,7 @@ def fit_dual(
     checkpoint_path=None,
     checkpoint_every: Optional[int] = None,
     max_memory=None,
+    block_model: str = "auto",
 ) -> KernelModel:
     """Train the dual by DBCD-TR and return a :class:`KernelModel`.
 
@@ -132,6 +133,10 @@ def fit_dual(
         memory is halved (with a warning) and the fit continues from the last consistent iterate.
     checkpoint_path, checkpoint_every : optional
         Write a solver checkpoint to ``checkpoint_path`` every ``checkpoint_every`` iterations (atomic).
+    block_model : {'auto', 'gram', 'kernel', 'products'}
+        Feature mode only: the block matrix of the trust-region model (see
+        :class:`joker_ext.operators.FeatureOperator`). All choices solve the same random-feature
+        problem; 'auto' takes the cheapest.
     """
     data = as_block_data(X, dtype, device)
     Yd = Y.to(device=device, dtype=dtype)
@@ -141,7 +146,7 @@ def fit_dual(
     if feature_map is None:
         op = ExactOperator(kernel, data, chunk_rows=chunk_rows, backend=backend)
     else:
-        op = FeatureOperator(feature_map, data, chunk_rows=chunk_rows)
+        op = FeatureOperator(feature_map, data, chunk_rows=chunk_rows, block_model=block_model)
     snapshot = None
     if checkpoint_path is not None:
         from .checkpoint import SolverCheckpointer

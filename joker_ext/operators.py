@@ -31,14 +31,28 @@ def apply_delta(state: Dict[str, torch.Tensor], delta: Dict[str, torch.Tensor]) 
 
 
 class BlockOps:
-    """What one block iteration needs: ``f_B`` and the product with the block's kernel matrix."""
+    """What one block iteration needs: ``f_B`` and the product with the block's (model) kernel matrix.
+
+    ``matvec`` and ``matrix`` describe the matrix the trust-region *model* uses. When it is the block's
+    true matrix ``H_B`` (``exact_model``), the model of the dual is exact up to the conjugate's curvature.
+    Otherwise ``quad(S)`` returns the true ``diag(S^T H_B S)`` (per column), from which the solver
+    measures the actual decrease of the dual: the trust region then absorbs the model's error.
+    """
 
     def __init__(self, f: torch.Tensor, matvec: Callable[[torch.Tensor], torch.Tensor], payload=None,
-                 matrix: Optional[torch.Tensor] = None):
+                 matrix: Optional[torch.Tensor] = None,
+                 quad: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+                 true_matvec: Optional[Callable[[torch.Tensor], torch.Tensor]] = None):
         self.f = f
         self.matvec = matvec
         self.payload = payload
-        self.matrix = matrix  # the block's kernel matrix when it is formed (exact mode)
+        self.matrix = matrix  # the block's (model) kernel matrix when it is formed
+        self.quad = quad
+        self.true_matvec = true_matvec  # products with the true H_B when the model's matrix is not it
+
+    @property
+    def exact_model(self) -> bool:
+        return self.quad is None
 
 
 class ExactOperator:
@@ -112,16 +126,54 @@ class ExactOperator:
         return out
 
 
+BLOCK_MODELS = ("auto", "gram", "kernel", "products")
+
+
 class FeatureOperator:
-    """Random-feature (or Nystrom-feature) kernel ``K = Phi Phi^T``, accessed by blocks."""
+    """Random-feature (or Nystrom-feature) kernel ``K = Phi Phi^T``, accessed by blocks.
+
+    Parameters
+    ----------
+    feature_map : FeatureMap
+    data : BlockData
+    chunk_rows : int
+        Rows per chunk in full passes over the data.
+    gram_max : int
+        Largest block for which ``block_model='auto'`` may form the Gram matrix.
+    block_model : {'auto', 'gram', 'kernel', 'products'}
+        The matrix of the trust-region model of a block:
+
+        * ``'gram'``: ``Phi_B Phi_B^T``, formed (``2 b^2 M`` flops), the exact model;
+        * ``'products'``: ``Phi_B (Phi_B^T v)`` on demand (``4 b M`` flops per product), exact;
+        * ``'kernel'``: the kernel's own ``K_BB``, of which ``Phi_B Phi_B^T`` is an unbiased estimate,
+          formed in ``O(b^2 d)`` flops instead of ``O(b^2 M)``. The model is then inexact by the
+          random-feature error; the step is still measured on the true dual (one product
+          ``Phi_B^T s``, needed for the update anyway), so the trust region keeps every accepted step
+          a decrease of the random-feature dual, whose minimiser is unchanged.
+        * ``'auto'``: ``'kernel'`` when the map is unbiased for an evaluable kernel and ``M`` exceeds
+          ``8 d``, else ``'gram'`` for blocks of at most ``gram_max`` rows, else ``'products'``.
+    """
 
     mode = "features"
 
-    def __init__(self, feature_map: FeatureMap, data: BlockData, *, chunk_rows: int = 4096, gram_max: int = 1024):
+    def __init__(self, feature_map: FeatureMap, data: BlockData, *, chunk_rows: int = 4096, gram_max: int = 1024,
+                 block_model: str = "auto"):
+        if block_model not in BLOCK_MODELS:
+            raise ValueError(f"block_model must be one of {BLOCK_MODELS}, got {block_model!r}")
         self.feature_map = feature_map
         self.data = data
         self.chunk_rows = max(1, int(chunk_rows))
         self.gram_max = int(gram_max)
+        self.block_model = block_model
+
+    def _model_for(self, XB: torch.Tensor) -> str:
+        if self.block_model != "auto":
+            return self.block_model
+        M, d = self.feature_map.n_features, XB.shape[1]
+        expected = getattr(self.feature_map, "expected_gram", None)
+        if M > 8 * d and expected is not None and expected(XB[:1], XB[:1]) is not None:
+            return "kernel"
+        return "gram" if XB.shape[0] <= self.gram_max else "products"
 
     @property
     def n(self) -> int:
@@ -137,14 +189,29 @@ class FeatureOperator:
         return {"beta": beta}
 
     def block(self, idx: torch.Tensor, state) -> BlockOps:
-        Phi = self.feature_map(self.data.take(idx))
-        b = Phi.shape[0]
-        if b <= self.gram_max:
-            # Small blocks: form Phi_B Phi_B^T once (b^2 M) so that the trust-region step can be solved
-            # exactly and its products cost b^2 instead of 2 b M.
+        XB = self.data.take(idx)
+        Phi = self.feature_map(XB)
+        f = Phi @ state["beta"]
+        kind = self._model_for(XB)
+        if kind == "kernel":
+            expected = getattr(self.feature_map, "expected_gram", None)
+            KBB = None if expected is None else expected(XB, XB)
+            if KBB is None:
+                raise ValueError(f"block_model='kernel' needs random features of an evaluable kernel, got "
+                                 f"{type(self.feature_map).__name__}")
+
+            def quad(S):
+                U = Phi.T @ S
+                return (U * U).sum(0)
+
+            return BlockOps(f, lambda V: KBB @ V, payload=Phi, matrix=KBB, quad=quad,
+                            true_matvec=lambda V: Phi @ (Phi.T @ V))
+        if kind == "gram":
+            # Form Phi_B Phi_B^T once (b^2 M) so that the trust-region step can be solved exactly and its
+            # products cost b^2 instead of 2 b M.
             G = Phi @ Phi.T
-            return BlockOps(Phi @ state["beta"], lambda V: G @ V, payload=Phi, matrix=G)
-        return BlockOps(Phi @ state["beta"], lambda V: Phi @ (Phi.T @ V), payload=Phi)
+            return BlockOps(f, lambda V: G @ V, payload=Phi, matrix=G)
+        return BlockOps(f, lambda V: Phi @ (Phi.T @ V), payload=Phi)
 
     def state_delta(self, ops: BlockOps, s: torch.Tensor) -> Dict[str, torch.Tensor]:
         return {"beta": ops.payload.T @ s}

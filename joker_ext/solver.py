@@ -76,6 +76,9 @@ class SolverOptions:
         Maximum rounds of (CG on the free variables, projected search) per iteration.
     cg_tol : float
         CG stops when the free residual norm falls below ``cg_tol`` times its initial norm.
+    newton_tol : float
+        Relative residual at which the preconditioned CG of an unconstrained quadratic block (squared
+        loss with an approximate block matrix, see :class:`joker_ext.operators.FeatureOperator`) stops.
     check_every : int, optional
         Iterations between duality-gap evaluations (default: every iteration for exact kernels, where
         the gap is O(n); once per epoch for features, where it needs a pass over the data).
@@ -102,6 +105,7 @@ class SolverOptions:
     subproblem: str = "auto"
     direct_max: int = 2048
     cg_tol: float = 1e-10
+    newton_tol: float = 1e-6
     check_every: Optional[int] = None
     callback_every: Optional[int] = None
     seed: int = 0
@@ -460,6 +464,45 @@ def _direct_subspace(KBB, hdiag, grad, s, free, radius):
     return p, boundary
 
 
+def _newton_pcg(ops, grad, hdiag, max_iter: int, tol: float):
+    """Newton step ``s = -(H_B + diag(h))^{-1} grad`` by conjugate gradients on the true block matrix,
+    preconditioned by the model's matrix: ``P = ops.matrix + diag(h)`` (the kernel's ``K_BB`` for random
+    features, of which ``H_B = Phi_B Phi_B^T`` is an unbiased estimate), factored once by Cholesky.
+
+    Each iteration costs one true product (``4 b M`` flops for features) and two triangular solves;
+    the preconditioned matrix is the identity up to the random-feature error, so a few iterations
+    suffice. Returns None when ``P`` is not numerically positive definite (the caller falls back).
+    """
+    T = grad.shape[1]
+    P = ops.matrix.unsqueeze(0) + torch.diag_embed(hdiag.T)  # (T, b, b)
+    L, info = torch.linalg.cholesky_ex(P)
+    if bool((info != 0).any()):
+        return None
+
+    def precond(R):
+        return torch.cholesky_solve(R.T.unsqueeze(2), L).squeeze(2).T
+
+    s = torch.zeros_like(grad)
+    r = -grad
+    z = precond(r)
+    p = z
+    rz = (r * z).sum(0)
+    r0 = r.norm(dim=0)
+    for _ in range(max(1, max_iter)):
+        Ap = ops.true_matvec(p) + hdiag * p
+        pAp = (p * Ap).sum(0)
+        a = torch.where(pAp > 0, rz / torch.where(pAp > 0, pAp, torch.ones_like(pAp)), torch.zeros_like(pAp))
+        s = s + a * p
+        r = r - a * Ap
+        if bool((r.norm(dim=0) <= tol * r0).all()):
+            break
+        z = precond(r)
+        rz_new = (r * z).sum(0)
+        p = z + torch.where(rz > 0, rz_new / torch.where(rz > 0, rz, torch.ones_like(rz)), torch.zeros_like(rz)) * p
+        rz = rz_new
+    return s
+
+
 _CAUCHY_FACTORS = (4.0, 2.0, 1.0, 0.5, 0.25, 0.125, 0.0625, 1.0 / 64, 1.0 / 256, 1.0 / 1024)
 _SEARCH_FACTORS = (1.0, 0.5, 0.25, 0.125, 1.0 / 16, 0.0)
 
@@ -503,9 +546,20 @@ def _block_step(operator, state, loss: Loss, Y, c_col, alpha, idx, lo_all, hi_al
         return torch.minimum(torch.maximum(X0 + S, lo.repeat(1, k)), hi.repeat(1, k)) - X0
 
     gg = (gF * gF).sum(0)
-    if radius is None and loss.quadratic and bool((hdiag > 0).all()):
+    if (not ops.exact_model and ops.true_matvec is not None and ops.matrix is not None and loss.quadratic
+            and not loss.kink and bool((hdiag > 0).all()) and bool(torch.isinf(lo).all() and torch.isinf(hi).all())):
+        # Unconstrained, strictly convex quadratic dual (squared loss) with an approximate block matrix:
+        # the exact Newton step by conjugate gradients preconditioned with the approximation.
+        s = _newton_pcg(ops, grad, hdiag, opts.max_cg, opts.newton_tol)
+        if s is not None:
+            delta = operator.state_delta(ops, s)
+            alpha[idx] = aB + s
+            apply_delta(state, delta)
+            return torch.full_like(gg, math.inf)
+    if radius is None and loss.quadratic and ops.exact_model and bool((hdiag > 0).all()):
         # The quadratic model is exact and strictly convex: a trust region would only slow the first
-        # steps. (Linear conjugates such as hinge keep it: with a singular K_BB it bounds the step.)
+        # steps. (Linear conjugates such as hinge keep it: with a singular K_BB it bounds the step; an
+        # inexact block matrix keeps it too: the region absorbs the model's error.)
         radius = torch.full_like(gg, math.inf)
     if radius is None:
         gHg = (gF * hvp(gF)).sum(0)
@@ -574,11 +628,14 @@ def _block_step(operator, state, loss: Loss, Y, c_col, alpha, idx, lo_all, hi_al
         s, Ks, pred = s_next, KW[:, cols], -mW[cols]
         if not bool((new_bounds & (w != 0).any(0)).any()):
             break
-    # Exact decrease of the dual restricted to the block.
-    actual = -((ops.f * s).sum(0) + 0.5 * (s * Ks).sum(0) + loss.conj_diff(aB, s, yB, cB).sum(0))
+    # Exact decrease of the dual restricted to the block (with the true block matrix when the model's
+    # is an approximation of it).
+    sKs = (s * Ks).sum(0) if ops.exact_model else ops.quad(s)
+    conj = loss.conj_diff(aB, s, yB, cB)
+    actual = -((ops.f * s).sum(0) + 0.5 * sKs + conj.sum(0))
     # Model decreases at the level of rounding errors carry no information: neither step nor resize.
     eps = torch.finfo(aB.dtype).eps
-    size = (ops.f * s).abs().sum(0) + 0.5 * (s * Ks).abs().sum(0) + (loss.conj_diff(aB, s, yB, cB).abs().sum(0))
+    size = (ops.f * s).abs().sum(0) + 0.5 * ((s * Ks).abs().sum(0) if ops.exact_model else sKs) + conj.abs().sum(0)
     informative = pred > 64 * eps * size
     moved = (s != 0).any(0) & (pred > 0) & informative
     rho = actual / torch.where(moved, pred, torch.ones_like(pred))

@@ -156,7 +156,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--n-test", type=int, default=20_000)
     p.add_argument("--M", type=int, nargs="+", default=None, help="sizes (default 2000 10000 20000)")
     p.add_argument("--logistic-M", type=int, default=None, help="M of the logistic comparison (default 2000; quick 500)")
-    p.add_argument("--no-logistic", action="store_true")
+    p.add_argument("--no-logistic", action="store_true", help="skip the logistic comparison")
+    p.add_argument("--no-regression", action="store_true", help="only the logistic comparison")
     p.add_argument("--sigma", type=float, default=3.0, help="Gaussian kernel bandwidth (z-scored features)")
     p.add_argument("--penalty", type=float, default=None,
                    help="Falkon penalty, regression (default 1e-6; quick 1e-5: the same n * penalty = 0.1)")
@@ -195,7 +196,8 @@ def main(argv: Optional[List[str]] = None) -> None:
                 f"{'ratio':>6} {'cpu ratio':>9} | {'peak MB F':>9} {'peak MB J':>9} {'ratio':>6}")
         print(head)
         print("-" * len(head))
-        jobs = [("regression", M) for M in sizes] + ([] if a.no_logistic else [("binary", m_log)])
+        jobs = ([] if a.no_regression else [("regression", M) for M in sizes]) + \
+            ([] if a.no_logistic else [("binary", m_log)])
         for task, M in jobs:
             f = _run_worker("falkon", task, M, folder, a)
             j = _run_worker("joker", task, M, folder, a)

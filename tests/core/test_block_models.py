@@ -1,0 +1,126 @@
+"""Feature mode: every block model ('gram', 'kernel', 'products') solves the same random-feature problem.
+
+The 'kernel' model uses the kernel's K_BB in the trust-region model instead of Phi_B Phi_B^T (and, for
+the squared loss, preconditioned CG on the true block matrix). References: cvxpy on the random-feature
+primal, the closed-form ridge solution in feature space, and the dual recomputed from alpha with Phi.
+"""
+import numpy as np
+import pytest
+import torch
+
+from joker_ext.data import BlockData
+from joker_ext.features import NystromFeatureMap, make_feature_map
+from joker_ext.kernels import GaussianKernel, MaternKernel
+from joker_ext.losses import get_loss
+from joker_ext.model import fit_dual
+from joker_ext.operators import FeatureOperator
+from joker_ext.solver import SolverOptions, dbcd_tr
+
+from conftest import make_binary, make_regression
+
+cp = pytest.importorskip("cvxpy")
+
+PARAMS = dict(delta=0.4, epsilon=0.15, quantile=0.3)
+LOSSES = ["squared", "huber", "epsilon_insensitive", "absolute", "pinball", "hinge", "squared_hinge", "logistic"]
+F64 = torch.float64
+
+
+def cvxpy_feature_primal(loss_name, Phi, y, c):
+    """min_w 1/2 ||w||^2 + sum_i c_i l(y_i, (Phi w)_i), solved by cvxpy (independent of joker_ext)."""
+    w = cp.Variable(Phi.shape[1])
+    f = Phi @ w
+    r = y - f
+    m = cp.multiply(y, f)
+    d, e, q = PARAMS["delta"], PARAMS["epsilon"], PARAMS["quantile"]
+    terms = {
+        "squared": 0.5 * cp.square(r),
+        "huber": 0.5 * cp.huber(r, d),
+        "epsilon_insensitive": cp.pos(cp.abs(r) - e),
+        "absolute": cp.abs(r),
+        "pinball": cp.maximum(q * r, (q - 1) * r),
+        "hinge": cp.pos(1 - m),
+        "squared_hinge": 0.5 * cp.square(cp.pos(1 - m)),
+        "logistic": cp.logistic(-m),
+    }[loss_name]
+    prob = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(w) + cp.sum(cp.multiply(c, terms))))
+    prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
+    return prob.value
+
+
+# Degenerate duals (linear conjugate, many coordinates at the kinks) close their gap slowly by block
+# coordinate descent with any block model; they are solved here with one block.
+DEGENERATE = ("absolute", "pinball", "epsilon_insensitive")
+CASES = [(loss, model) for loss in LOSSES for model in ("kernel", "gram")] + \
+    [(loss, "products") for loss in ("squared", "hinge", "logistic")]
+
+
+@pytest.mark.parametrize("loss_name,block_model", CASES)
+def test_every_block_model_reaches_the_random_feature_optimum(loss_name, block_model):
+    loss = get_loss(loss_name, **PARAMS)
+    X, y = (make_binary if loss.margin else make_regression)(n=120, d=2)
+    kernel = GaussianKernel(1.0)
+    fmap = make_feature_map(kernel, 256, seed=1)  # M = 256 > 8 d: "auto" would pick "kernel"
+    c = np.full(120, 2.0)
+    model = fit_dual(torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1), loss=loss, c=torch.as_tensor(c),
+                     kernel=kernel, feature_map=fmap, block_model=block_model,
+                     options=SolverOptions(block_size=120 if loss_name in DEGENERATE else 40, max_iter=1500, tol=1e-9))
+    Phi = fmap(torch.as_tensor(X)).numpy()
+    ref = cvxpy_feature_primal(loss_name, Phi, y, c)
+    assert model.result.rel_gap <= 1e-8, model.result.rel_gap
+    assert abs(model.result.primal - ref) <= 1e-6 * abs(ref)
+
+
+def test_kernel_model_squared_loss_equals_feature_space_ridge():
+    X, y = make_regression(n=200, d=3)
+    kernel = MaternKernel(1.3, nu=1.5)
+    fmap = make_feature_map(kernel, 300, seed=0)
+    C = 5.0
+    model = fit_dual(torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1), loss=get_loss("squared"),
+                     c=torch.full((200,), C, dtype=F64), kernel=kernel, feature_map=fmap, block_model="kernel",
+                     options=SolverOptions(block_size=50, max_iter=3000, tol=1e-12))
+    Phi = fmap(torch.as_tensor(X)).numpy()
+    # primal ridge in feature space: (Phi^T Phi + I / C) w = Phi^T y
+    w = np.linalg.solve(Phi.T @ Phi + np.eye(Phi.shape[1]) / C, Phi.T @ y)
+    assert model.result.status == "converged"
+    np.testing.assert_allclose(model.beta.numpy()[:, 0], w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("loss_name", ["squared", "hinge", "logistic", "huber"])
+def test_kernel_model_never_increases_the_random_feature_dual(loss_name):
+    loss = get_loss(loss_name, **PARAMS)
+    X, y = (make_binary if loss.margin else make_regression)(n=160, d=2)
+    kernel = GaussianKernel(0.7)
+    fmap = make_feature_map(kernel, 40, seed=3)  # few features: the kernel model is far from Phi Phi^T
+    Xt = torch.as_tensor(X)
+    Phi = fmap(Xt)
+    Y = torch.as_tensor(y).reshape(-1, 1)
+    c = torch.full((160,), 20.0, dtype=F64)
+    duals = []
+
+    def cb(info):
+        a = info["alpha"]
+        u = Phi.T @ a
+        duals.append(0.5 * float((u * u).sum()) + float(loss.conj(a, Y, c.reshape(-1, 1)).sum()))
+
+    op = FeatureOperator(fmap, BlockData(Xt, F64, torch.device("cpu")), block_model="kernel")
+    dbcd_tr(op, Y, loss, c, SolverOptions(block_size=40, max_iter=150, tol=0.0, callback_every=1), callback=cb)
+    inc = np.diff(duals)
+    assert np.all(inc <= 1e-10 * np.abs(duals).max()), inc.max()
+    assert duals[-1] < duals[0]
+
+
+def test_auto_picks_the_kernel_model_only_for_unbiased_maps():
+    X = torch.randn(50, 3, dtype=F64)
+    kernel = GaussianKernel(1.0)
+    data = BlockData(X, F64, torch.device("cpu"))
+    many = FeatureOperator(make_feature_map(kernel, 100), data)
+    few = FeatureOperator(make_feature_map(kernel, 20), data)
+    nys = FeatureOperator(NystromFeatureMap(kernel, X[:30]), data)
+    assert many._model_for(X[:10]) == "kernel"
+    assert few._model_for(X[:10]) == "gram"
+    assert nys._model_for(X[:10]) == "gram"
+    with pytest.raises(ValueError, match="block_model"):
+        FeatureOperator(make_feature_map(kernel, 100), data, block_model="fast")
+    with pytest.raises(ValueError, match="block_model='kernel'"):
+        FeatureOperator(NystromFeatureMap(kernel, X[:30]), data, block_model="kernel").block(
+            torch.arange(10), {"beta": torch.zeros(30, 1, dtype=F64)})
