@@ -199,10 +199,11 @@ class RandomFeatureMap(FeatureMap):
         W, b = self._params(X.dtype, X.device)
         s = self.kernel.outputscale
         M = self.n_features
-        Z = X @ W
         if self.form == "cos":
-            Z.add_(b).cos_()
+            Z = torch.addmm(b, X, W)
+            Z.cos_()
             return Z.mul_(math.sqrt(2.0 * s / M))
+        Z = X @ W
         p = self._n_pairs
         out = torch.empty(X.shape[0], M, dtype=X.dtype, device=X.device)
         scale = math.sqrt(2.0 * s / M)  # = sqrt(s / m) for even M

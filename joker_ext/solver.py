@@ -105,7 +105,7 @@ class SolverOptions:
     subproblem: str = "auto"
     direct_max: int = 2048
     cg_tol: float = 1e-10
-    newton_tol: float = 1e-6
+    newton_tol: float = 1e-2
     check_every: Optional[int] = None
     callback_every: Optional[int] = None
     seed: int = 0
@@ -479,8 +479,13 @@ def _newton_pcg(ops, grad, hdiag, max_iter: int, tol: float):
     if bool((info != 0).any()):
         return None
 
+    Lt = L.transpose(1, 2)
+
     def precond(R):
-        return torch.cholesky_solve(R.T.unsqueeze(2), L).squeeze(2).T
+        # two triangular solves (faster than cholesky_solve for a few columns)
+        Rb = R.T.unsqueeze(2)
+        Z = torch.linalg.solve_triangular(Lt, torch.linalg.solve_triangular(L, Rb, upper=False), upper=True)
+        return Z.squeeze(2).T
 
     s = torch.zeros_like(grad)
     r = -grad
