@@ -294,6 +294,7 @@ def dbcd_tr(
     c_col = c.reshape(n, 1).to(dtype=dtype, device=device)
     loss.check_targets(Y)
     lo_all, hi_all = loss.box(Y, c_col)
+    unboxed = bool(torch.isinf(lo_all).all() and torch.isinf(hi_all).all())
 
     gen = torch.Generator().manual_seed(int(opts.seed))
     blocks = make_blocks(n, max(1, int(opts.block_size)), gen)
@@ -348,7 +349,8 @@ def dbcd_tr(
                     k = cyc
                     cyc = (cyc + 1) % n_blocks
                 idx = blocks_dev[k]
-                radius = _block_step(operator, state, loss, Y, c_col, alpha, idx, lo_all, hi_all, radius, opts)
+                radius = _block_step(operator, state, loss, Y, c_col, alpha, idx, lo_all, hi_all, radius, opts,
+                                     unboxed)
                 it += 1
                 if bar is not None:
                     bar.update(1)
@@ -512,7 +514,7 @@ _CAUCHY_FACTORS = (4.0, 2.0, 1.0, 0.5, 0.25, 0.125, 0.0625, 1.0 / 64, 1.0 / 256,
 _SEARCH_FACTORS = (1.0, 0.5, 0.25, 0.125, 1.0 / 16, 0.0)
 
 
-def _block_step(operator, state, loss: Loss, Y, c_col, alpha, idx, lo_all, hi_all, radius, opts):
+def _block_step(operator, state, loss: Loss, Y, c_col, alpha, idx, lo_all, hi_all, radius, opts, unboxed=False):
     """One DBCD-TR iteration on block ``idx``; updates ``alpha`` and ``state`` in place; returns radii.
 
     The box-constrained trust-region subproblem is solved in the manner of TRON (Lin and More, 1999):
@@ -527,6 +529,16 @@ def _block_step(operator, state, loss: Loss, Y, c_col, alpha, idx, lo_all, hi_al
     lo, hi = lo_all[idx], hi_all[idx]
     grad = ops.f + loss.conj_grad(aB, yB, cB)
     hdiag = loss.psi_hess(aB, yB, cB)
+    if (unboxed and loss.quadratic and not loss.kink and not ops.exact_model and ops.true_matvec is not None
+            and ops.matrix is not None and bool((hdiag > 0).all())):
+        # Unconstrained, strictly convex quadratic dual (squared loss) with an approximate block matrix:
+        # the exact Newton step by conjugate gradients preconditioned with the approximation.
+        s = _newton_pcg(ops, grad, hdiag, opts.max_cg, opts.newton_tol)
+        if s is not None:
+            delta = operator.state_delta(ops, s)
+            alpha[idx] = aB + s
+            apply_delta(state, delta)
+            return torch.full((aB.shape[1],), math.inf, dtype=aB.dtype, device=aB.device)
     if loss.kink:
         k = loss.kink
         sgn = torch.sign(aB)
@@ -551,16 +563,6 @@ def _block_step(operator, state, loss: Loss, Y, c_col, alpha, idx, lo_all, hi_al
         return torch.minimum(torch.maximum(X0 + S, lo.repeat(1, k)), hi.repeat(1, k)) - X0
 
     gg = (gF * gF).sum(0)
-    if (not ops.exact_model and ops.true_matvec is not None and ops.matrix is not None and loss.quadratic
-            and not loss.kink and bool((hdiag > 0).all()) and bool(torch.isinf(lo).all() and torch.isinf(hi).all())):
-        # Unconstrained, strictly convex quadratic dual (squared loss) with an approximate block matrix:
-        # the exact Newton step by conjugate gradients preconditioned with the approximation.
-        s = _newton_pcg(ops, grad, hdiag, opts.max_cg, opts.newton_tol)
-        if s is not None:
-            delta = operator.state_delta(ops, s)
-            alpha[idx] = aB + s
-            apply_delta(state, delta)
-            return torch.full_like(gg, math.inf)
     if radius is None and loss.quadratic and ops.exact_model and bool((hdiag > 0).all()):
         # The quadratic model is exact and strictly convex: a trust region would only slow the first
         # steps. (Linear conjugates such as hinge keep it: with a singular K_BB it bounds the step; an
