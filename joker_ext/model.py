@@ -133,7 +133,7 @@ def fit_dual(
         memory is halved (with a warning) and the fit continues from the last consistent iterate.
     checkpoint_path, checkpoint_every : optional
         Write a solver checkpoint to ``checkpoint_path`` every ``checkpoint_every`` iterations (atomic).
-    block_model : {'auto', 'gram', 'kernel', 'products'}
+    block_model : {'auto', 'exact', 'gram', 'kernel', 'products'}
         Feature mode only: the block matrix of the trust-region model (see
         :class:`joker_ext.operators.FeatureOperator`). All choices solve the same random-feature
         problem; 'auto' takes the cheapest.

@@ -126,7 +126,7 @@ class ExactOperator:
         return out
 
 
-BLOCK_MODELS = ("auto", "gram", "kernel", "products")
+BLOCK_MODELS = ("auto", "exact", "gram", "kernel", "products")
 
 
 class FeatureOperator:
@@ -150,8 +150,12 @@ class FeatureOperator:
           random-feature error; the step is still measured on the true dual (one product
           ``Phi_B^T s``, needed for the update anyway), so the trust region keeps every accepted step
           a decrease of the random-feature dual, whose minimiser is unchanged.
-        * ``'auto'``: ``'kernel'`` when the map is unbiased for an evaluable kernel and ``M`` exceeds
-          ``8 d``, else ``'gram'`` for blocks of at most ``gram_max`` rows, else ``'products'``.
+        * ``'exact'``: ``'gram'`` for blocks of at most ``gram_max`` rows, else ``'products'``;
+        * ``'auto'``: ``'kernel'`` for losses whose block step is a Newton step (the squared loss:
+          unconstrained and quadratic, so the step is computed on the true matrix, see
+          :func:`joker_ext.solver.dbcd_tr`) when the map is unbiased for an evaluable kernel and ``M``
+          exceeds ``8 d``; ``'exact'`` otherwise. (For the trust-region steps of the other losses a model
+          off by the random-feature error slows convergence when ``C`` is large, measured.)
     """
 
     mode = "features"
@@ -165,15 +169,22 @@ class FeatureOperator:
         self.chunk_rows = max(1, int(chunk_rows))
         self.gram_max = int(gram_max)
         self.block_model = block_model
+        self.newton_steps = True  # set by the solver: whether the loss's block steps are Newton steps
+
+    def prepare(self, *, newton_steps: bool) -> None:
+        """Called by :func:`joker_ext.solver.dbcd_tr` before the first block with what the loss needs."""
+        self.newton_steps = bool(newton_steps)
 
     def _model_for(self, XB: torch.Tensor) -> str:
-        if self.block_model != "auto":
-            return self.block_model
-        M, d = self.feature_map.n_features, XB.shape[1]
-        expected = getattr(self.feature_map, "expected_gram", None)
-        if M > 8 * d and expected is not None and expected(XB[:1], XB[:1]) is not None:
-            return "kernel"
-        return "gram" if XB.shape[0] <= self.gram_max else "products"
+        model = self.block_model
+        if model == "auto":
+            M, d = self.feature_map.n_features, XB.shape[1]
+            expected = getattr(self.feature_map, "expected_gram", None)
+            kernel_ok = M > 8 * d and expected is not None and expected(XB[:1], XB[:1]) is not None
+            model = "kernel" if self.newton_steps and kernel_ok else "exact"
+        if model == "exact":
+            return "gram" if XB.shape[0] <= self.gram_max else "products"
+        return model
 
     @property
     def n(self) -> int:

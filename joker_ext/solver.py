@@ -295,6 +295,10 @@ def dbcd_tr(
     loss.check_targets(Y)
     lo_all, hi_all = loss.box(Y, c_col)
     unboxed = bool(torch.isinf(lo_all).all() and torch.isinf(hi_all).all())
+    prepare = getattr(operator, "prepare", None)
+    if prepare is not None:
+        # unconstrained quadratic duals (squared loss) take exact Newton steps on the true block matrix
+        prepare(newton_steps=unboxed and loss.quadratic and not loss.kink)
 
     gen = torch.Generator().manual_seed(int(opts.seed))
     blocks = make_blocks(n, max(1, int(opts.block_size)), gen)

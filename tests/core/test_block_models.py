@@ -119,6 +119,13 @@ def test_auto_picks_the_kernel_model_only_for_unbiased_maps():
     assert many._model_for(X[:10]) == "kernel"
     assert few._model_for(X[:10]) == "gram"
     assert nys._model_for(X[:10]) == "gram"
+    # the solver tells the operator when its loss takes trust-region (not Newton) steps
+    dbcd_tr(many, torch.ones(50, 1, dtype=F64), get_loss("hinge"), torch.ones(50, dtype=F64),
+            SolverOptions(block_size=10, max_iter=1))
+    assert many._model_for(X[:10]) == "gram"
+    dbcd_tr(many, torch.ones(50, 1, dtype=F64), get_loss("squared"), torch.ones(50, dtype=F64),
+            SolverOptions(block_size=10, max_iter=1))
+    assert many._model_for(X[:10]) == "kernel"
     with pytest.raises(ValueError, match="block_model"):
         FeatureOperator(make_feature_map(kernel, 100), data, block_model="fast")
     with pytest.raises(ValueError, match="block_model='kernel'"):
