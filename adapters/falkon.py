@@ -50,14 +50,33 @@ from sklearn.base import BaseEstimator
 from sklearn.exceptions import NotFittedError
 
 from joker_ext.conversions import penalty_to_C
-from joker_ext.data import BlockData, resolve_device, resolve_dtype
+from joker_ext.data import BlockData
 from joker_ext.features import FeatureMap, NystromFeatureMap, make_feature_map
 from joker_ext.kernels import CallableKernel, Kernel, StationaryKernel, keops_available
 from joker_ext.losses import Loss, get_loss
 from joker_ext.memory import plan_blocks
 from joker_ext.model import KernelModel, default_block_size, fit_dual
 from joker_ext.solver import SolverOptions
-from joker_ext.validation import check_positive
+from joker_ext.validation import (
+    check_callable,
+    check_choice,
+    check_device,
+    check_dtype,
+    check_dtype_range,
+    check_fit_finite,
+    check_features,
+    check_labels,
+    check_loss,
+    check_magnitude,
+    check_n_features,
+    check_predictions,
+    check_number,
+    check_positive,
+    check_positive_int,
+    check_sample_weights,
+    check_targets,
+    require_package,
+)
 
 __all__ = [
     "translate_kernel",
@@ -96,6 +115,15 @@ def _falkon_sigma(kernel) -> Any:
     return float(s[0]) if s.numel() == 1 else s
 
 
+def _falkon_importable() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("falkon") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 class _FalkonEvaluation:
     """``fn(X1, X2)`` evaluating a Falkon kernel (a picklable callable for :class:`CallableKernel`)."""
 
@@ -130,9 +158,12 @@ def translate_kernel(kernel, options=None) -> Kernel:
         return kernel
     fk = _falkon_module("falkon.kernels")
     if fk is None or not isinstance(kernel, fk.Kernel):
+        hint = "" if fk is not None or _falkon_importable() else (
+            " (Falkon kernels need the falkon package, which is not installed here: see "
+            "https://falkonml.github.io/falkon/install.html; joker_ext kernels work without it)")
         raise TypeError(
             "kernel must be a Falkon kernel (falkon.kernels.*) or a joker_ext kernel, got an object of type "
-            f"{type(kernel).__module__}.{type(kernel).__name__}"
+            f"{type(kernel).__module__}.{type(kernel).__name__}{hint}"
         )
     cls = type(kernel)
     if cls is fk.GaussianKernel:
@@ -170,16 +201,14 @@ def translate_loss(loss) -> Tuple[Loss, str, Optional[float]]:
         if type(loss) is gl.LogisticLoss:
             return get_loss("logistic"), "pm1", None
         if type(loss) is gl.WeightedCrossEntropyLoss:
-            w = float(loss.neg_weight)
-            if not math.isfinite(w) or w <= 0:
-                raise ValueError(f"WeightedCrossEntropyLoss neg_weight must be positive, got {loss.neg_weight!r}")
+            w = check_positive("WeightedCrossEntropyLoss neg_weight", loss.neg_weight)
             return get_loss("logistic"), "01", w
         raise TypeError(
-            f"loss {type(loss).__name__} has no joker_ext translation; use falkon.gsc_losses.LogisticLoss, "
-            "WeightedCrossEntropyLoss, or a joker_ext loss name such as 'logistic', 'hinge', 'squared_hinge'"
+            "loss must be falkon.gsc_losses.LogisticLoss, WeightedCrossEntropyLoss, or a joker_ext loss name such as "
+            f"'logistic', 'hinge', 'squared_hinge', got {type(loss).__name__} (it has no joker_ext translation)"
         )
     if isinstance(loss, (str, Loss)):
-        lo = get_loss(loss)
+        lo = check_loss(loss)
         return lo, ("pm1" if lo.margin else "any"), None
     raise TypeError(
         "loss must be falkon.gsc_losses.LogisticLoss / WeightedCrossEntropyLoss, a joker_ext Loss or a registered "
@@ -219,36 +248,35 @@ def translate_options(options=None, *, device=None, data_device: Optional[torch.
     """
     get = (lambda k, default: getattr(options, k, default)) if options is not None else (lambda k, default: default)
     if device is not None:
-        dev = resolve_device(device)
+        dev = check_device(device)
     elif data_device is not None and data_device.type != "cpu":
         dev = data_device
     elif bool(get("use_cpu", False)) or not torch.cuda.is_available():
         dev = torch.device("cpu")
     else:
         dev = torch.device("cuda")
-    slack = float(get("memory_slack", 0.9))
+    slack = check_number("options.memory_slack", get("memory_slack", 0.9), low=0.0, low_open=True, high=1.0)
     mem_name = "max_gpu_mem" if dev.type == "cuda" else "max_cpu_mem"
-    mem = float(get(mem_name, math.inf))
-    if not (mem > 0):
-        raise ValueError(f"{mem_name} must be positive, got {mem!r}")
-    if not (0 < slack <= 1):
-        raise ValueError(f"memory_slack must be in (0, 1], got {slack!r}")
+    mem = get(mem_name, math.inf)
+    if not (isinstance(mem, (int, float, np.integer, np.floating)) and not isinstance(mem, bool) and mem > 0):
+        raise ValueError(f"options.{mem_name} must be a positive number of bytes (or inf), got {mem!r}")
+    mem = float(mem)
     budget = mem * slack if math.isfinite(mem) else math.inf
-    keops = str(get("keops_active", "auto")).lower()
-    if keops not in ("auto", "force", "no"):
-        raise ValueError(f"keops_active must be 'auto', 'force' or 'no', got {keops!r}")
+    keops = get("keops_active", "auto")
+    keops = check_choice("options.keops_active", keops.lower() if isinstance(keops, str) else keops,
+                         ("auto", "force", "no"))
     if keops == "force":
+        require_package("pykeops.torch", purpose="options.keops_active='force'",
+                        install="pip install 'joker-ext[keops]' (or: pip install pykeops)")
         backend = "keops"
     elif keops == "auto" and dev.type == "cuda" and (d is None or d <= 50) and keops_available():
         backend = "keops"
     else:
         backend = "torch"
     if tol is None:
-        cg_tol = float(get("cg_tolerance", 1e-7))
+        cg_tol = check_positive("options.cg_tolerance", get("cg_tolerance", 1e-7), allow_zero=True)
         tol = cg_tol * cg_tol
-    tol = float(tol)
-    if not (tol >= 0) or not math.isfinite(tol):
-        raise ValueError(f"tol (or cg_tolerance) must be a non-negative number, got {tol!r}")
+    tol = check_positive("tol", tol, allow_zero=True)
     return {"device": dev, "verbose": bool(get("debug", False)), "backend": backend, "tol": tol,
             "memory": budget}
 
@@ -259,7 +287,7 @@ def _sizes(mode: str, n: int, d: int, M: int, T: int, itemsize: int, budget: flo
     whose estimate (:func:`joker_ext.memory.estimate_fit_memory`, plus the 2 M^2 of the Nystrom factor)
     fits it."""
     if block_size is not None:
-        b = int(block_size)
+        b = check_positive_int("block_size", block_size)
     elif mode == "exact":
         b = default_block_size(n, loss)
     else:
@@ -288,81 +316,28 @@ def _sizes(mode: str, n: int, d: int, M: int, T: int, itemsize: int, budget: flo
     return b, chunk
 
 
-# ============================================================================ validation helpers
-def _as_tensor(name: str, A, *, dims: Tuple[int, ...]) -> torch.Tensor:
-    if isinstance(A, np.ndarray):
-        A = torch.from_numpy(A)
-    if not torch.is_tensor(A):
-        raise TypeError(f"{name} must be a torch tensor (or numpy array), got {type(A).__name__}")
-    if A.dim() not in dims:
-        want = " or ".join(f"{k}-D" for k in dims)
-        raise ValueError(f"{name} must be {want}, got a tensor of shape {tuple(A.shape)}")
-    return A
-
-
-def _check_X(name: str, X, d: Optional[int] = None) -> torch.Tensor:
-    X = _as_tensor(name, X, dims=(2,))
-    if X.is_sparse:
-        raise TypeError(f"{name} must be a dense tensor; sparse inputs are not supported by JokerFalkon")
-    if X.dtype not in (torch.float32, torch.float64):
-        raise TypeError(f"{name} must be a float32 or float64 tensor (as Falkon requires), got {X.dtype}")
-    if X.shape[0] < 1:
-        raise ValueError(f"{name} must have at least one row, got shape {tuple(X.shape)}")
-    if d is not None and X.shape[1] != d:
-        raise ValueError(f"{name} has {X.shape[1]} features, the model was fitted on {d}")
-    if not bool(torch.isfinite(X).all()):
-        raise ValueError(f"{name} contains NaN or infinite values")
-    return X
-
-
-def _check_Y(name: str, Y, n: int, dtype: torch.dtype) -> torch.Tensor:
-    Y = _as_tensor(name, Y, dims=(1, 2))
-    if Y.shape[0] != n:
-        raise ValueError(f"X and {name} must have the same number of samples, got {n} and {Y.shape[0]}")
-    if Y.dim() == 1:
-        Y = Y.unsqueeze(1)
-    if Y.shape[1] < 1:
-        raise ValueError(f"{name} must have at least one column, got shape {tuple(Y.shape)}")
-    if Y.dtype == torch.bool or Y.is_complex():
-        raise TypeError(f"{name} must hold real numbers, got {Y.dtype}")
-    Y = Y.to(dtype)
-    if not bool(torch.isfinite(Y).all()):
-        raise ValueError(f"{name} contains NaN or infinite values")
-    return Y
-
-
-def _margin_targets(name: str, Y: torch.Tensor, loss: Loss) -> torch.Tensor:
-    """-1/+1 targets for margin losses; 0/1 (one-hot) targets are mapped to -1/+1."""
-    if bool(((Y == 1) | (Y == -1)).all()):
-        return Y
-    if bool(((Y == 0) | (Y == 1)).all()):
-        return 2.0 * Y - 1.0
-    vals = torch.unique(Y.detach().cpu())[:6].tolist()
-    raise ValueError(
-        f"loss {loss.name!r} needs {name} in {{-1, +1}} (or 0/1, one-hot for several classes), got values {vals}"
-    )
-
-
-def _positive_int(name: str, v, *, allow_none: bool = False) -> Optional[int]:
-    if v is None and allow_none:
-        return None
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
-        raise ValueError(f"{name} must be a positive integer{' or None' if allow_none else ''}, got {v!r}")
-    return int(v)
-
-
-def _check_features(features) -> str:
-    if not isinstance(features, str) or features not in FEATURE_MODES:
-        raise ValueError(f"features must be one of {FEATURE_MODES}, got {features!r}")
-    return features
+# ============================================================================ Falkon-specific checks
+# Generic checks (arrays, numbers, losses, labels, dtypes, devices, weights) live in joker_ext.validation.
+_FLOAT_ONLY = dict(float_only=True, reason="(as Falkon requires)", keep_memmap=False)
 
 
 def _effective_seed(seed) -> int:
     if seed is None:  # from numpy's global generator: np.random.seed(...) makes seed=None fits repeatable
         return int(np.random.randint(0, 2**31 - 1))
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise ValueError(f"seed must be an integer or None, got {seed!r}")
-    return int(seed)
+    return check_positive_int("seed", seed, low=0, allow_none=False)
+
+
+def _check_eval_set(Xts, Yts, d: int, dtype: torch.dtype):
+    """``Xts`` / ``Yts`` (only used for error reporting): both or neither, validated like X / Y."""
+    if (Xts is None) != (Yts is None):
+        given = "Xts" if Xts is not None else "Yts"
+        raise ValueError(f"Xts and Yts must be given together (or neither), got only {given}")
+    if Xts is None:
+        return None, None
+    Xts = check_features(Xts, "Xts", **_FLOAT_ONLY)
+    check_n_features(Xts, d, "Xts")
+    Yts, _ = check_targets(Yts, Xts.shape[0], "Yts", dtype=dtype, x_name="Xts")
+    return Xts, Yts
 
 
 def _select_centers(center_selection, X: torch.Tensor, M: Optional[int], seed: int) -> torch.Tensor:
@@ -396,30 +371,14 @@ def _select_centers(center_selection, X: torch.Tensor, M: Optional[int], seed: i
             "center_selection must be 'uniform', a Falkon CenterSelector or a tensor of centres, got "
             f"{type(center_selection).__name__}"
         )
-    if not torch.is_tensor(Z) or Z.dim() != 2 or Z.shape[1] != X.shape[1] or Z.shape[0] < 1:
-        shape = tuple(Z.shape) if torch.is_tensor(Z) else type(Z).__name__
-        raise ValueError(f"the centres must be a (M, {X.shape[1]}) tensor, got {shape}")
+    Z = check_features(Z, "center_selection (the centres)", keep_memmap=False)
+    check_n_features(Z, X.shape[1], "center_selection (the centres)")
     return Z.to(device=X.device)
 
 
-def _sample_weights(weight_fn, Y: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
-    """``weight_fn(Y, X, indices)`` -> (n,) non-negative weights (one per sample, as Falkon's)."""
-    n = X.shape[0]
-    w = weight_fn(Y, X, torch.arange(n, device=X.device))
-    w = torch.as_tensor(w)
-    if w.dim() == 2 and w.shape[0] == n:
-        if w.shape[1] != 1 and not bool((w == w[:, :1]).all()):
-            raise ValueError("weight_fn must return one weight per sample ((n,) or (n, 1)); got different weights "
-                             f"per output column, shape {tuple(w.shape)}")
-        w = w[:, 0]
-    if w.dim() != 1 or w.shape[0] != n:
-        raise ValueError(f"weight_fn must return a tensor of shape ({n},) or ({n}, 1), got {tuple(w.shape)}")
-    w = w.to(torch.float64)
-    if not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
-        raise ValueError("weight_fn must return finite, non-negative weights")
-    if not bool((w > 0).any()):
-        raise ValueError("weight_fn returned all-zero weights")
-    return w
+def _evaluated_primal(model: KernelModel) -> Optional[float]:
+    """The final primal objective when the solver evaluated one (None otherwise)."""
+    return model.result.primal if model.result.history else None
 
 
 def _is_stop_exception(exc: BaseException) -> bool:
@@ -431,14 +390,31 @@ class _FalkonFace(BaseEstimator):
     """What JokerFalkon and JokerLogisticFalkon share: modes, sizes, fitting one penalty, predicting."""
 
     # ------------------------------------------------------------------ setup
+    def _check_common(self) -> dict:
+        """The parameters both faces share, checked before the data (see joker_ext.validation)."""
+        check_choice("features", self.features, FEATURE_MODES)
+        check_positive_int("block_size", self.block_size, allow_none=True)
+        check_positive("max_time", self.max_time, allow_none=True)
+        return {
+            "dtype": check_dtype(self.dtype),
+            "M": check_positive_int("M", self.M, allow_none=True),
+            "per_iter": check_positive_int("epochs_per_iter", self.epochs_per_iter),
+            "error_every": check_positive_int("error_every", self.error_every, allow_none=True),
+            "error_fn": check_callable("error_fn", self.error_fn),
+        }
+
+    def _check_X(self, X, dtype: torch.dtype) -> torch.Tensor:
+        X = check_features(X, "X", **_FLOAT_ONLY)
+        check_magnitude(X, "X", dtype=dtype)
+        return X
+
     def _prepare(self, X, M, loss: Loss, T: int, warm: bool = False) -> dict:
         """Resolve device, kernel, feature map and sizes for the data X (already validated)."""
-        features = _check_features(self.features)
-        dtype = resolve_dtype(self.dtype)
+        features = check_choice("features", self.features, FEATURE_MODES)
+        dtype = check_dtype(self.dtype)
         opt = translate_options(self.options, device=self.device, data_device=X.device, d=X.shape[1],
                                 tol=self.tol)
-        if self.max_time is not None:
-            check_positive("max_time", self.max_time)
+        check_positive("max_time", self.max_time, allow_none=True)
         if warm and getattr(self, "seed_", None) is not None and self.seed is None:
             seed = self.seed_
         else:
@@ -519,9 +495,12 @@ class _FalkonFace(BaseEstimator):
     def _decision(self, X) -> torch.Tensor:
         if getattr(self, "model_", None) is None:
             raise NotFittedError(f"This {type(self).__name__} instance is not fitted yet: call fit before predict")
-        X = _check_X("X", X, self.n_features_in_)
+        X = check_features(X, "X", **_FLOAT_ONLY)
+        check_n_features(X, self.n_features_in_, "X")
+        check_magnitude(X, "X", dtype=self.dtype_)
         out = self.model_.decision(X.to(device=self.device_))
-        return out.to(device=X.device, dtype=X.dtype)
+        return check_predictions(out, name="X", dtype=X.dtype,
+                                 hint=f" with C = {self.C_:.3g}: refit with a larger penalty").to(device=X.device)
 
     def predict(self, X: torch.Tensor) -> torch.Tensor:
         """Predictions ``f(X)``: a tensor of shape (n, T) (T = number of columns of the training Y, 1 for
@@ -732,33 +711,25 @@ class JokerFalkon(_FalkonFace):
         earlier fit on the same data: the solver continues from it (with the same seed, the same features).
         """
         t_start = time.perf_counter()
+        common = self._check_common()
         penalty = check_positive("penalty", self.penalty)
-        M = _positive_int("M", self.M, allow_none=True)
-        per_iter = _positive_int("epochs_per_iter", self.epochs_per_iter)
-        epochs = _positive_int("maxiter", self.maxiter) * per_iter
-        error_every = _positive_int("error_every", self.error_every, allow_none=True)
-        if self.error_fn is not None and not callable(self.error_fn):
-            raise TypeError(f"error_fn must be callable, got {type(self.error_fn).__name__}")
-        if self.weight_fn is not None and not callable(self.weight_fn):
-            raise TypeError(f"weight_fn must be callable, got {type(self.weight_fn).__name__}")
-        loss = get_loss(self.loss, delta=self.delta, epsilon=self.epsilon, quantile=self.quantile)
-        X = _check_X("X", X)
-        Y = _check_Y("Y", Y, X.shape[0], X.dtype)
+        M, per_iter, error_every = common["M"], common["per_iter"], common["error_every"]
+        epochs = check_positive_int("maxiter", self.maxiter) * per_iter
+        check_callable("weight_fn", self.weight_fn)
+        loss = check_loss(self.loss, delta=self.delta, epsilon=self.epsilon, quantile=self.quantile)
+        X = self._check_X(X, common["dtype"])
+        Y, _ = check_targets(Y, X.shape[0], "Y", dtype=X.dtype)
+        check_magnitude(Y, "Y", dtype=common["dtype"], d=1)
         Y_user = Y  # error_fn sees the targets as given
         if loss.margin:
-            Y = _margin_targets("Y", Y, loss)
-        if (Xts is None) != (Yts is None):
-            raise ValueError("Xts and Yts must be given together (or neither)")
-        if Xts is not None:
-            Xts = _check_X("Xts", Xts, X.shape[1])
-            Yts = _check_Y("Yts", Yts, Xts.shape[0], X.dtype)
-            if Yts.shape[1] != Y.shape[1]:
-                raise ValueError(f"Yts must have {Y.shape[1]} columns like Y, got {Yts.shape[1]}")
+            Y = check_labels(Y, "Y", context=f"loss {loss.name!r}", allowed=("pm1", "01"), one_hot_note=True)
+        Xts, Yts = _check_eval_set(Xts, Yts, X.shape[1], X.dtype)
+        if Yts is not None and Yts.shape[1] != Y.shape[1]:
+            raise ValueError(f"Yts must have {Y.shape[1]} columns like Y, got {Yts.shape[1]}")
         n, T = Y.shape
         alpha0 = None
         if warm_start is not None:
-            alpha0 = _as_tensor("warm_start", warm_start, dims=(1, 2))
-            alpha0 = alpha0.reshape(-1, 1) if alpha0.dim() == 1 else alpha0
+            alpha0, _ = check_targets(warm_start, n, "warm_start")
             if tuple(alpha0.shape) != (n, T):
                 raise ValueError(
                     f"warm_start must be the beta_ of an earlier JokerFalkon fit on the same data, shape ({n}, {T}); "
@@ -768,7 +739,8 @@ class JokerFalkon(_FalkonFace):
             raise ValueError("M must be a positive integer, got None")
         prep = self._prepare(X, M, loss, T, warm=warm_start is not None)
         C = penalty_to_C(penalty, n)
-        w = torch.ones(n, dtype=torch.float64) if self.weight_fn is None else _sample_weights(self.weight_fn, Y, X)
+        w = torch.ones(n, dtype=torch.float64) if self.weight_fn is None else \
+            check_sample_weights(self.weight_fn(Y, X, torch.arange(n, device=X.device)), n, "weight_fn output")
         keep = w > 0
         Xf, Yf, wf, Yu = X, Y, w, Y_user
         if not bool(keep.all()):  # zero weight: alpha_i = 0 at the optimum; leave those rows out of the fit
@@ -777,6 +749,9 @@ class JokerFalkon(_FalkonFace):
             if alpha0 is not None:
                 alpha0 = alpha0[kd.to(alpha0.device)]
         c = C * wf
+        check_dtype_range("C = 1 / (n * penalty) times the sample weights", c, prep["dtype"],
+                          scale=Xf.shape[0] * max(1.0, float(Yf.abs().max())),
+                          hint=f" (penalty={penalty!r}, n={n}): change penalty or use dtype='float64'")
         self.fit_times_ = [time.perf_counter() - t_start]
         self.val_errors_ = []
         nf = Xf.shape[0]
@@ -785,6 +760,7 @@ class JokerFalkon(_FalkonFace):
         opts = self._solver_options(prep, nf, epochs, callback_epochs=error_every * per_iter if report else None)
         callback = self._reporter(Xf, Yu, Xts, Yts, prep, self.fit_times_[0], nb * per_iter) if report else None
         model = _train(Xf, Yf, loss, c, prep, opts, alpha0, callback=callback)
+        check_fit_finite("penalty", penalty, model.alpha, model.beta, _evaluated_primal(model))
         self._set_fitted(model, prep, Xf)
         if not bool(keep.all()):
             full = torch.zeros(n, T, dtype=model.alpha.dtype, device=model.alpha.device)
@@ -864,14 +840,14 @@ class JokerLogisticFalkon(_FalkonFace):
         lists = []
         for name, v in (("penalty_list", self.penalty_list), ("iter_list", self.iter_list)):
             if isinstance(v, (str, bytes)) or not hasattr(v, "__len__"):
-                raise TypeError(f"{name} must be a list, got {type(v).__name__}")
+                raise TypeError(f"{name} must be a list, got {type(v).__name__} {v!r}"[:160])
             lists.append(list(v.tolist() if hasattr(v, "tolist") else v))
         pens = [check_positive(f"penalty_list[{i}]", p) for i, p in enumerate(lists[0])]
-        its = [_positive_int(f"iter_list[{i}]", v) for i, v in enumerate(lists[1])]
+        its = [check_positive_int(f"iter_list[{i}]", v) for i, v in enumerate(lists[1])]
         if len(pens) != len(its):
-            raise ValueError(f"iter_list must have the same length as penalty_list, got {len(its)} and {len(pens)}")
+            raise ValueError(f"iter_list must have the same length as penalty_list ({len(pens)}), got {len(its)}")
         if not pens:
-            raise ValueError("penalty_list must not be empty")
+            raise ValueError("penalty_list must be a non-empty list of penalties, got []")
         return pens, its
 
     def fit(self, X: torch.Tensor, Y: torch.Tensor, Xts: Optional[torch.Tensor] = None,
@@ -879,26 +855,24 @@ class JokerLogisticFalkon(_FalkonFace):
         """Fit on X (n, d) and labels Y (n,) or (n, 1) (-1/+1 for LogisticLoss, 0/1 for
         WeightedCrossEntropyLoss); ``Xts`` / ``Yts`` only feed ``error_fn``."""
         t_start = time.perf_counter()
+        common = self._check_common()
         pens, its = self._path()
-        per_iter = _positive_int("epochs_per_iter", self.epochs_per_iter)
-        M = _positive_int("M", self.M, allow_none=True)
-        error_every = _positive_int("error_every", self.error_every, allow_none=True)
-        if self.error_fn is not None and not callable(self.error_fn):
-            raise TypeError(f"error_fn must be callable, got {type(self.error_fn).__name__}")
+        M, per_iter, error_every = common["M"], common["per_iter"], common["error_every"]
         loss, labels, neg_weight = translate_loss(self.loss)
-        X = _check_X("X", X)
-        Y = _check_Y("Y", Y, X.shape[0], X.dtype)
+        X = self._check_X(X, common["dtype"])
+        Y, _ = check_targets(Y, X.shape[0], "Y", dtype=X.dtype)
         if Y.shape[1] != 1:
             raise ValueError(f"JokerLogisticFalkon expects a single response: Y must be 1-D or (n, 1), "
                              f"got shape {tuple(Y.shape)}")
-        if (Xts is None) != (Yts is None):
-            raise ValueError("Xts and Yts must be given together (or neither)")
-        if Xts is not None:
-            Xts = _check_X("Xts", Xts, X.shape[1])
-            Yts = _check_Y("Yts", Yts, Xts.shape[0], X.dtype)
+        check_magnitude(Y, "Y", dtype=common["dtype"], d=1)
+        Xts, Yts = _check_eval_set(Xts, Yts, X.shape[1], X.dtype)
         Yfit, w = self._labels(Y, labels, neg_weight, loss, "Y")
         n = X.shape[0]
         prep = self._prepare(X, M, loss, 1)
+        for k, pen in enumerate(pens):
+            check_dtype_range(f"C = 1 / (n * penalty_list[{k}]) times the sample weights", penalty_to_C(pen, n) * w,
+                              prep["dtype"], scale=n * max(1.0, float(Yfit.abs().max())),
+                              hint=f" (penalty_list[{k}]={pen!r}, n={n}): change the penalty or use dtype='float64'")
         self.fit_times_ = [0.0]
         self.val_errors_ = []
         t_prep = time.perf_counter() - t_start
@@ -923,6 +897,7 @@ class JokerLogisticFalkon(_FalkonFace):
             resume = None if model is None else {"alpha": model.alpha, "state": model.result.state,
                                                  "radius": model.result.radius, "iteration": 0}
             model = _train(X, Yfit, loss, C * w, prep, opts, None, resume=resume)
+            check_fit_finite(f"penalty_list[{k}]", pen, model.alpha, model.beta, _evaluated_primal(model))
             elapsed[0] = time.perf_counter() - t_start
             if self.error_fn is not None and error_every is not None and k % error_every == 0:
                 self._report_stage(k, model, X, Y, Xts, Yts, loss_fn, elapsed[0])
@@ -939,16 +914,11 @@ class JokerLogisticFalkon(_FalkonFace):
         n = Y.shape[0]
         w = torch.ones(n, dtype=torch.float64)
         if labels == "01":
-            if not bool(((Y == 0) | (Y == 1)).all()):
-                vals = torch.unique(Y.detach().cpu())[:6].tolist()
-                raise ValueError(f"WeightedCrossEntropyLoss needs {name} in {{0, 1}}, got values {vals}")
+            Ypm = check_labels(Y, name, context="WeightedCrossEntropyLoss", allowed=("01",))
             w = torch.where(Y[:, 0].cpu() == 0, torch.tensor(float(neg_weight), dtype=torch.float64), w)
-            return 2.0 * Y - 1.0, w
+            return Ypm, w
         if labels == "pm1":
-            if not bool(((Y == 1) | (Y == -1)).all()):
-                vals = torch.unique(Y.detach().cpu())[:6].tolist()
-                raise ValueError(f"loss {loss.name!r} (LogisticFalkon's LogisticLoss) needs {name} in {{-1, +1}}, "
-                                 f"got values {vals}")
+            Y = check_labels(Y, name, context=f"loss {loss.name!r}", allowed=("pm1",))
         return Y, w
 
     def _report_stage(self, k, model, X, Y, Xts, Yts, loss_fn, elapsed) -> None:

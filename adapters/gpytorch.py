@@ -64,14 +64,13 @@ from __future__ import annotations
 
 import copy
 import math
-import numbers
 import warnings
 from typing import Callable, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
-from joker_ext.data import BlockData, resolve_device, resolve_dtype
+from joker_ext.data import BlockData
 from joker_ext.features import ConcatFeatureMap, FeatureMap, RandomFeatureMap
 from joker_ext.kernels import (
     CallableKernel,
@@ -80,9 +79,27 @@ from joker_ext.kernels import (
     StationaryKernel,
     SumKernel,
 )
-from joker_ext.losses import Loss, get_loss
+from joker_ext.losses import Loss
 from joker_ext.model import KernelModel, default_block_size, default_max_iter, fit_dual
 from joker_ext.solver import SolverOptions
+from joker_ext.validation import (
+    check_choice,
+    check_device,
+    check_dtype,
+    check_dtype_range,
+    check_fit_finite,
+    check_features,
+    check_labels,
+    check_loss,
+    check_magnitude,
+    check_n_features,
+    check_predictions,
+    check_number,
+    check_positive,
+    check_positive_int,
+    check_targets,
+    require_package,
+)
 
 __all__ = [
     "translate_kernel",
@@ -95,11 +112,8 @@ __all__ = [
 
 
 def _gpytorch():
-    try:
-        import gpytorch
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("the GPyTorch adapter needs gpytorch: pip install 'joker-ext[gpytorch]'") from exc
-    return gpytorch
+    return require_package("gpytorch", purpose="JokerGP and the GPyTorch kernel translation",
+                           install="pip install gpytorch (or: pip install 'joker-ext[gpytorch]')")
 
 
 # ============================================================================ kernels of the adapter
@@ -165,12 +179,8 @@ class RationalQuadraticKernel(Kernel):
 
     def __init__(self, sigma=1.0, alpha: float = 1.0, outputscale: float = 1.0):
         self._gauss = GaussianKernel(sigma, outputscale=1.0)  # validates sigma; gives scaled distances
-        a = float(alpha)
-        s = float(outputscale)
-        if not math.isfinite(a) or a <= 0:
-            raise ValueError(f"alpha must be positive and finite, got {alpha!r}")
-        if not math.isfinite(s) or s <= 0:
-            raise ValueError(f"outputscale must be positive and finite, got {outputscale!r}")
+        a = check_positive("alpha", alpha)
+        s = check_positive("outputscale", outputscale)
         self.sigma = self._gauss.sigma
         self.alpha = a
         self.outputscale = s
@@ -221,12 +231,8 @@ def rq_quadrature(alpha: float, tol: float = 1e-3, max_nodes: int = 4096) -> Tup
     from scipy.special import gammaln
     from scipy.stats import gamma as gamma_dist
 
-    a = float(alpha)
-    if not math.isfinite(a) or a <= 0:
-        raise ValueError(f"alpha must be positive and finite, got {alpha!r}")
-    tol = float(tol)
-    if not (0 < tol < 1):
-        raise ValueError(f"tol must be in (0, 1), got {tol!r}")
+    a = check_positive("alpha", alpha)
+    tol = check_number("tol", tol, low=0.0, high=1.0, low_open=True, high_open=True)
     u_lo = math.log(max(float(gamma_dist.ppf(tol, a)), 1e-300))
     u_hi = math.log(float(gamma_dist.isf(1e-16, a)))
     x = np.concatenate([[0.0], np.logspace(-8, 12, 4000)])  # x = r^2 / (2 a)
@@ -293,9 +299,7 @@ def random_feature_map(kernel: Kernel, n_features: int, *, form: str = "cossin",
     mixture; ``active_dims`` kernels the features of the selected columns; a SumKernel the concatenation
     of its parts' features (``n_features`` split evenly, as :func:`joker_ext.features.make_feature_map`).
     """
-    if isinstance(n_features, bool) or not isinstance(n_features, numbers.Integral) or n_features < 1:
-        raise ValueError(f"n_features must be a positive integer, got {n_features!r}")
-    n_features = int(n_features)
+    n_features = check_positive_int("n_features", n_features)
     if isinstance(kernel, StationaryKernel):
         return RandomFeatureMap(kernel, n_features, form=form, orthogonal=orthogonal and kernel.family != "laplacian_l1",
                                 seed=seed)
@@ -391,7 +395,8 @@ def _scaled(kernel: Kernel, s: float) -> Kernel:
 def _float(value, what: str) -> float:
     t = value.detach().reshape(-1)
     if t.numel() != 1:
-        raise ValueError(f"{what} has {t.numel()} values; batched GPyTorch kernels are not supported")
+        raise ValueError(f"{what} must be a single value (batched GPyTorch kernels are not supported), got "
+                         f"{t.numel()} values")
     return float(t.cpu().double())
 
 
@@ -419,7 +424,8 @@ def _translate(k, via_call: bool, rq: str, rq_tol: float) -> Kernel:
     batch = getattr(k, "batch_shape", torch.Size([]))
     if len(batch) > 0:
         raise ValueError(
-            f"batched GPyTorch kernels (batch_shape={tuple(batch)}) are not supported; translate one kernel per output"
+            "kernel must have an empty batch_shape (batched GPyTorch kernels are not supported: translate one kernel "
+            f"per output), got batch_shape={tuple(batch)}"
         )
     t = type(k)
     if t is K.ScaleKernel:
@@ -473,29 +479,21 @@ def translate_kernel(kernel, *, rq: str = "exact", rq_tol: float = 1e-3) -> Kern
         raise TypeError(
             f"kernel must be a gpytorch.kernels.Kernel, got {type(kernel).__module__}.{type(kernel).__name__}"
         )
-    if rq not in ("exact", "quadrature"):
-        raise ValueError(f"rq must be 'exact' or 'quadrature', got {rq!r}")
-    return _translate(kernel, True, rq, float(rq_tol))
+    check_choice("rq", rq, ("exact", "quadrature"))
+    rq_tol = check_number("rq_tol", rq_tol, low=0.0, high=1.0, low_open=True, high_open=True)
+    return _translate(kernel, True, rq, rq_tol)
 
 
 # ============================================================================ JokerGP
 
 
 def _as_2d_inputs(x, name: str) -> torch.Tensor:
-    if isinstance(x, np.ndarray):
-        x = torch.from_numpy(np.ascontiguousarray(x))
-    if not torch.is_tensor(x):
+    """Inputs as an (n, d) float tensor (a 1-D input is one feature, as in GPyTorch); see
+    :func:`joker_ext.validation.check_features`."""
+    if not (torch.is_tensor(x) or isinstance(x, (np.ndarray, list, tuple))):
         raise TypeError(f"{name} must be a tensor, a numpy array, a map-style torch Dataset or a DataLoader over one, "
                         f"got {type(x).__name__}")
-    if x.dim() == 1:
-        x = x.unsqueeze(1)
-    if x.dim() != 2:
-        raise ValueError(f"{name} must have shape (n, d) or (n,), got shape {tuple(x.shape)}")
-    if x.shape[0] == 0:
-        raise ValueError(f"{name} must have at least one row, got shape {tuple(x.shape)}")
-    if not torch.is_floating_point(x):
-        x = x.to(torch.float64)
-    return x
+    return check_features(x, name, allow_1d=True, keep_memmap=False)
 
 
 class JokerGP(torch.nn.Module):
@@ -668,34 +666,35 @@ class JokerGP(torch.nn.Module):
         )
 
     def _resolve_loss(self, kind: str) -> Loss:
+        default = "logistic" if kind == "bernoulli" else "squared"
+        loss = check_loss(default if self.loss is None else self.loss, delta=self.delta, epsilon=self.epsilon,
+                          quantile=self.quantile)
         if self.loss is None:
-            return get_loss("logistic" if kind == "bernoulli" else "squared")
-        loss = get_loss(self.loss, delta=self.delta, epsilon=self.epsilon, quantile=self.quantile)
+            return loss
         if kind == "bernoulli" and not loss.margin:
-            raise ValueError(f"loss {loss.name!r} is a regression loss but the likelihood is BernoulliLikelihood; "
-                             "use 'logistic', 'hinge' or 'squared_hinge'")
+            raise ValueError("loss must be a classification loss ('logistic', 'hinge' or 'squared_hinge') with "
+                             f"BernoulliLikelihood, got the regression loss {loss.name!r}")
         if kind != "bernoulli" and loss.margin:
-            raise ValueError(f"loss {loss.name!r} is a classification loss but the likelihood is Gaussian; "
-                             "use BernoulliLikelihood or a regression loss")
+            raise ValueError("loss must be a regression loss with a Gaussian likelihood (or use BernoulliLikelihood), "
+                             f"got the classification loss {loss.name!r}")
         return loss
 
     def _weights(self, kind: str, n: int) -> torch.Tensor:
         if self.C is not None:
-            C = float(self.C)
-            if not math.isfinite(C) or C <= 0:
-                raise ValueError(f"C must be a positive finite number, got {self.C!r}")
-            return torch.full((n,), C, dtype=torch.float64)
+            return torch.full((n,), check_positive("C", self.C), dtype=torch.float64)
         if kind == "bernoulli":
             return torch.ones(n, dtype=torch.float64)
         with torch.no_grad():
             noise = self.likelihood.noise.detach().cpu().double().reshape(-1)
         if kind == "fixed_noise":
             if noise.numel() != n:
-                raise ValueError(f"FixedNoiseGaussianLikelihood has {noise.numel()} noise values but train_x has {n} rows")
+                raise ValueError(f"FixedNoiseGaussianLikelihood noise must have one value per row of train_x ({n}), "
+                                 f"got {noise.numel()} values")
         elif noise.numel() != 1:
             raise ValueError(f"GaussianLikelihood noise must be a single value, got {noise.numel()} (batched likelihood)")
         if not bool(torch.all(torch.isfinite(noise))) or not bool(torch.all(noise > 0)):
-            raise ValueError("the likelihood noise must be positive and finite")
+            bad = noise[~torch.isfinite(noise) | (noise <= 0)][:3].tolist()
+            raise ValueError(f"likelihood.noise must be positive and finite, got values such as {bad}")
         return (1.0 / noise).expand(n).clone() if noise.numel() == 1 else 1.0 / noise
 
     def _mean_snapshot(self):
@@ -751,7 +750,7 @@ class JokerGP(torch.nn.Module):
                 raise TypeError("train_x is a Dataset without __len__; JokerGP needs a map-style Dataset of known length")
             n = len(src)
             if n == 0:
-                raise ValueError("train_x is an empty Dataset")
+                raise ValueError("train_x must have at least one row, got an empty Dataset")
             if train_y is None:
                 first = src[0]
                 if not isinstance(first, (tuple, list)) or len(first) < 2:
@@ -773,54 +772,48 @@ class JokerGP(torch.nn.Module):
         """
         kind = self._likelihood_kind()
         loss = self._resolve_loss(kind)
-        if self.features not in ("cossin", "cos", "orf"):
-            raise ValueError(f"features must be 'cossin', 'cos' or 'orf', got {self.features!r}")
+        self._check_params()
         if self.predictive_variance and (self.n_features is None or loss.name != "squared"):
             raise ValueError("predictive_variance=True needs random features (n_features) and the squared loss "
                              f"(got n_features={self.n_features!r}, loss={loss.name!r})")
-        dtype = resolve_dtype(self.dtype)
+        dtype = check_dtype(self.dtype)
+        device = check_device(self.device)
         X_src, y = self._resolve_data(train_x, train_y)
-        if self.device is not None:
-            device = resolve_device(self.device)
-        elif torch.is_tensor(X_src):
-            device = X_src.device
-        else:
-            device = torch.device("cpu")
+        if device is None:
+            device = X_src.device if torch.is_tensor(X_src) else torch.device("cpu")
         data = BlockData(X_src, dtype, device)
         n, d = data.n, data.d
-        if isinstance(y, np.ndarray):
-            y = torch.from_numpy(np.ascontiguousarray(y))
-        if not torch.is_tensor(y):
-            raise TypeError(f"train_y must be a tensor or a numpy array, got {type(y).__name__}")
-        if y.dim() != 1:
-            raise ValueError(f"train_y must be 1-D of length n={n}, got shape {tuple(y.shape)}")
-        if y.shape[0] != n:
-            raise ValueError(f"train_y has {y.shape[0]} values but train_x has {n} rows")
-        y = y.detach().to(device=device, dtype=torch.float64)
-        if not bool(torch.all(torch.isfinite(y))):
-            raise ValueError("train_y contains NaN or infinite values")
+        if torch.is_tensor(X_src):
+            check_magnitude(X_src, "train_x", dtype=dtype)
+        else:  # a map-style Dataset: one pass, block by block
+            for start, stop, Xc in data.chunks(4096):
+                check_features(Xc, f"train_x (rows {start} to {stop - 1})")
+                check_magnitude(Xc, f"train_x (rows {start} to {stop - 1})", dtype=dtype, d=d)
+        y, _ = check_targets(y, n, "train_y", dtype=torch.float64, x_name="train_x", ndim=(1,))
+        check_magnitude(y, "train_y", dtype=dtype, d=1)
+        y = y[:, 0].detach().to(device=device)
 
         self.kernel_ = translate_kernel(self.covar_module, rq="exact")
         self._mean_eval = self._mean_snapshot()
         self.loss_ = loss
         c = self._weights(kind, n)
         if kind == "bernoulli":
-            labels = torch.unique(y)
-            if bool(torch.all((labels == 0) | (labels == 1))):
-                Y = 2.0 * y - 1.0
-            elif bool(torch.all((labels == -1) | (labels == 1))):
-                Y = y.clone()
-            else:
-                raise ValueError(f"train_y must hold labels in {{0, 1}} or {{-1, +1}} for BernoulliLikelihood, "
-                                 f"got values {labels[:5].tolist()}")
+            Y = check_labels(y.reshape(n, 1), "train_y", context=f"BernoulliLikelihood with loss {loss.name!r}",
+                             allowed=("01", "pm1"))[:, 0].clone()
             if self._mean_eval is not None:
-                raise ValueError("a non-zero mean_module with BernoulliLikelihood is not supported (the mean would be "
-                                 "an offset inside the logistic loss); use ZeroMean or mean_module=None")
+                raise ValueError("mean_module must be ZeroMean or None with BernoulliLikelihood (a mean would be an "
+                                 "offset inside the logistic loss), got a non-zero mean_module "
+                                 f"{type(self.mean_module).__name__}")
         else:
             Y = y.clone()
             if self._mean_eval is not None:
                 for start, stop, Xc in data.chunks(4096):
                     Y[start:stop] -= self._mean_eval(Xc.to(torch.float64)).to(Y.device)
+                check_features(Y.reshape(n, 1), "train_y - mean_module(train_x)")
+        scale = n * max(1.0, float(Y.abs().max()))
+        cost = "C" if self.C is not None else "1 / likelihood.noise (the per-sample cost c_i)"
+        check_dtype_range(cost, c, dtype, scale=scale,
+                          hint=f" for n={n} and max|y|={float(Y.abs().max()):.3g}: change it or use dtype=torch.float64")
 
         exact = self.n_features is None
         if exact:
@@ -835,6 +828,7 @@ class JokerGP(torch.nn.Module):
         model = fit_dual(data, Y.reshape(n, 1), loss=loss, c=c, kernel=self.kernel_, feature_map=self.feature_map_,
                          options=opts, dtype=dtype, device=device)
         res = model.result
+        check_fit_finite(cost, float(c.max()), model.alpha, model.beta, res.primal if res.history else None)
         self.alpha_ = model.alpha[:, 0].detach().clone()
         self.X_train_ = data.all().detach().clone() if exact else torch.empty(0, dtype=dtype, device=device)
         self.beta_ = torch.empty(0, dtype=dtype, device=device) if exact else model.beta[:, 0].detach().clone()
@@ -856,13 +850,23 @@ class JokerGP(torch.nn.Module):
                           f"gap {res.rel_gap:.2e}; increase max_iter", ConvergenceWarning, stacklevel=2)
         return self
 
+    def _check_params(self) -> None:
+        """The numeric and string parameters (see joker_ext.validation); likelihood, loss and modules are
+        checked where they are read."""
+        check_choice("features", self.features, ("cossin", "cos", "orf"))
+        check_positive_int("n_features", self.n_features, allow_none=True)
+        check_positive_int("block_size", self.block_size, allow_none=True)
+        check_positive_int("max_iter", self.max_iter, allow_none=True)
+        check_positive("tol", self.tol, allow_zero=True, allow_none=True)
+        check_positive("max_time", self.max_time, allow_none=True)
+        check_positive_int("seed", self.seed, low=0)
+        check_positive("C", self.C, allow_none=True)
+
     def _options(self, n: int, loss: Loss, exact: bool) -> SolverOptions:
-        dtype = resolve_dtype(self.dtype)
+        dtype = check_dtype(self.dtype)
         tol = self.tol if self.tol is not None else (1e-14 if dtype == torch.float64 else 1e-7)
         if self.block_size is not None:
-            if isinstance(self.block_size, bool) or not isinstance(self.block_size, numbers.Integral) or self.block_size < 1:
-                raise ValueError(f"block_size must be a positive integer, got {self.block_size!r}")
-            b = min(int(self.block_size), n)
+            b = min(check_positive_int("block_size", self.block_size), n)
         elif exact and n <= 2048:
             b = n
         else:
@@ -928,9 +932,8 @@ class JokerGP(torch.nn.Module):
 
     def _test_inputs(self, test_x) -> torch.Tensor:
         X = _as_2d_inputs(test_x, "test_x")
-        d = int(self.fit_shape_[1])
-        if X.shape[1] != d:
-            raise ValueError(f"test_x has {X.shape[1]} features but the model was fitted on {d}")
+        check_n_features(X, int(self.fit_shape_[1]), "test_x")
+        check_magnitude(X, "test_x", dtype=self.alpha_.dtype)
         return X.to(device=self.alpha_.device, dtype=self.alpha_.dtype)
 
     @torch.no_grad()
@@ -955,6 +958,7 @@ class JokerGP(torch.nn.Module):
         f = model.decision(X)[:, 0]
         if self._mean_eval is not None:
             f = f + self._mean_eval(X).to(device=f.device, dtype=f.dtype)
+        f = check_predictions(f, name="test_x", hint=": refit with a smaller C (or larger noise) or in float64")
         if not return_var:
             return f
         if self.precision_chol_.numel() == 0:

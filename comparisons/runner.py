@@ -40,7 +40,10 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 import numpy as np
 
-from .spec import ExperimentSpec
+from joker_ext.validation import check_choice, check_positive, check_positive_int
+
+from . import spec as _spec
+from .spec import TASKS, ExperimentSpec
 
 __all__ = [
     "Trace",
@@ -80,8 +83,7 @@ _BACKEND_MODULES = {
 
 def backend_class(name: str):
     """The backend class registered under ``name`` (imports its module, which imports nothing heavy)."""
-    if name not in _BACKEND_MODULES:
-        raise ValueError(f"backend must be one of {tuple(_BACKEND_MODULES)}, got {name!r}")
+    check_choice("backend", name, tuple(_BACKEND_MODULES))
     module, cls = _BACKEND_MODULES[name]
     return getattr(importlib.import_module(module), cls)
 
@@ -103,6 +105,7 @@ def compute_metrics(task: str, y_true: np.ndarray, scores: np.ndarray) -> Dict[s
     target's original units). Binary: ``accuracy`` (score > 0 means class 1) and ``auc`` (ROC AUC of the
     scores). Multi-class: ``accuracy`` of the arg-max of the (n, K) scores.
     """
+    check_choice("task", task, TASKS)
     y_true = np.asarray(y_true)
     s = np.asarray(scores, dtype=np.float64)
     if not np.all(np.isfinite(s)):
@@ -332,6 +335,7 @@ def run_one(job: Dict[str, Any]) -> Dict[str, Any]:
     failures: they become ``status='error'``)."""
     from .backends.base import Problem, Skip
 
+    _spec._CHECKED_DATASETS.add(job["spec"]["dataset"])  # checked by the parent that built the job
     spec = ExperimentSpec.from_dict(job["spec"])
     prep = PreparedData(**job["data"])
     result: Dict[str, Any] = {"status": "ok", "notes": [], "params": {}, "trace": [], "error": ""}
@@ -423,8 +427,7 @@ _PRELOAD = ["numpy", "scipy.linalg", "torch", "joker_ext", "joker_ext.estimators
 
 
 def _context(isolation: str):
-    if isolation not in ("forkserver", "spawn"):
-        raise ValueError(f"isolation must be 'forkserver' or 'spawn', got {isolation!r}")
+    check_choice("isolation", isolation, ("forkserver", "spawn"))
     if isolation == "forkserver" and "forkserver" not in mp.get_all_start_methods():  # pragma: no cover
         isolation = "spawn"
     ctx = mp.get_context(isolation)
@@ -539,6 +542,17 @@ def run_suite(
     from .backends.base import Problem, Skip
     from .reporting import write_csv
 
+    if isinstance(specs, ExperimentSpec) or isinstance(specs, (str, bytes, dict)) or not hasattr(specs, "__iter__"):
+        raise TypeError(f"specs must be a sequence of ExperimentSpec, got {type(specs).__name__}")
+    specs = list(specs)
+    for s in specs:
+        if not isinstance(s, ExperimentSpec):
+            raise TypeError(f"specs must be a sequence of ExperimentSpec, got an element of type {type(s).__name__}")
+    check_choice("isolation", isolation, ("forkserver", "spawn"))
+    threads = check_positive_int("threads", threads, allow_none=True)
+    startup_grace = check_positive("startup_grace", startup_grace, allow_zero=True)
+    if not isinstance(out, (str, os.PathLike)):
+        raise TypeError(f"out must be a folder path (str), got {type(out).__name__}")
     outp = Path(out)
     (outp / "traces").mkdir(parents=True, exist_ok=True)
     (outp / "logs").mkdir(parents=True, exist_ok=True)

