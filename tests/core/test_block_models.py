@@ -2,7 +2,8 @@
 
 The 'kernel' model uses the kernel's K_BB in the trust-region model instead of Phi_B Phi_B^T (and, for
 the squared loss, preconditioned CG on the true block matrix). References: cvxpy on the random-feature
-primal, the closed-form ridge solution in feature space, and the dual recomputed from alpha with Phi.
+primal (as a kernel problem with K = Phi Phi^T), the closed-form ridge solution in feature space,
+and the dual recomputed from alpha with Phi.
 """
 import numpy as np
 import pytest
@@ -16,35 +17,12 @@ from joker_ext.model import fit_dual
 from joker_ext.operators import FeatureOperator
 from joker_ext.solver import SolverOptions, dbcd_tr
 
-from conftest import make_binary, make_regression
+from conftest import PARAMS, cvxpy_primal, make_binary, make_regression
 
-cp = pytest.importorskip("cvxpy")
+pytest.importorskip("cvxpy")
 
-PARAMS = dict(delta=0.4, epsilon=0.15, quantile=0.3)
 LOSSES = ["squared", "huber", "epsilon_insensitive", "absolute", "pinball", "hinge", "squared_hinge", "logistic"]
 F64 = torch.float64
-
-
-def cvxpy_feature_primal(loss_name, Phi, y, c):
-    """min_w 1/2 ||w||^2 + sum_i c_i l(y_i, (Phi w)_i), solved by cvxpy (independent of joker_ext)."""
-    w = cp.Variable(Phi.shape[1])
-    f = Phi @ w
-    r = y - f
-    m = cp.multiply(y, f)
-    d, e, q = PARAMS["delta"], PARAMS["epsilon"], PARAMS["quantile"]
-    terms = {
-        "squared": 0.5 * cp.square(r),
-        "huber": 0.5 * cp.huber(r, d),
-        "epsilon_insensitive": cp.pos(cp.abs(r) - e),
-        "absolute": cp.abs(r),
-        "pinball": cp.maximum(q * r, (q - 1) * r),
-        "hinge": cp.pos(1 - m),
-        "squared_hinge": 0.5 * cp.square(cp.pos(1 - m)),
-        "logistic": cp.logistic(-m),
-    }[loss_name]
-    prob = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(w) + cp.sum(cp.multiply(c, terms))))
-    prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
-    return prob.value
 
 
 # Degenerate duals (linear conjugate, many coordinates at the kinks) close their gap slowly by block
@@ -65,7 +43,7 @@ def test_every_block_model_reaches_the_random_feature_optimum(loss_name, block_m
                      kernel=kernel, feature_map=fmap, block_model=block_model,
                      options=SolverOptions(block_size=120 if loss_name in DEGENERATE else 40, max_iter=1500, tol=1e-9))
     Phi = fmap(torch.as_tensor(X)).numpy()
-    ref = cvxpy_feature_primal(loss_name, Phi, y, c)
+    ref = cvxpy_primal(loss_name, Phi @ Phi.T, y, c)
     assert model.result.rel_gap <= 1e-8, model.result.rel_gap
     assert abs(model.result.primal - ref) <= 1e-6 * abs(ref)
 

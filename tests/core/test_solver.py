@@ -14,11 +14,10 @@ from joker_ext.model import fit_dual
 from joker_ext.operators import ExactOperator
 from joker_ext.solver import SolverOptions, dbcd_tr
 
-from conftest import make_binary, make_regression
+from conftest import PARAMS, cvxpy_primal, make_binary, make_regression
 
 cp = pytest.importorskip("cvxpy")
 
-PARAMS = dict(delta=0.4, epsilon=0.15, quantile=0.3)
 LOSSES = ["squared", "huber", "epsilon_insensitive", "absolute", "pinball", "hinge", "squared_hinge", "logistic"]
 F64 = torch.float64
 
@@ -26,30 +25,6 @@ F64 = torch.float64
 def problem(loss, n=100, seed=0):
     X, y = (make_binary if loss.margin else make_regression)(n=n, seed=seed)
     return X, y
-
-
-def cvxpy_primal(loss_name, K, y, c):
-    """min_theta 1/2 ||theta||^2 + sum_i c_i l(y_i, (L theta)_i), K = L L^T (independent of joker_ext)."""
-    lam, Q = np.linalg.eigh(K)
-    L = Q * np.sqrt(np.clip(lam, 0, None))
-    th = cp.Variable(K.shape[0])
-    f = L @ th
-    r = y - f
-    m = cp.multiply(y, f)
-    d, e, q = PARAMS["delta"], PARAMS["epsilon"], PARAMS["quantile"]
-    terms = {
-        "squared": 0.5 * cp.square(r),
-        "huber": 0.5 * cp.huber(r, d),
-        "epsilon_insensitive": cp.pos(cp.abs(r) - e),
-        "absolute": cp.abs(r),
-        "pinball": cp.maximum(q * r, (q - 1) * r),
-        "hinge": cp.pos(1 - m),
-        "squared_hinge": 0.5 * cp.square(cp.pos(1 - m)),
-        "logistic": cp.logistic(-m),
-    }[loss_name]
-    prob = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(th) + cp.sum(cp.multiply(c, terms))))
-    prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
-    return prob.value
 
 
 def solve(loss_name, X, y, c, kernel, **opts):
