@@ -16,7 +16,7 @@ from joker_ext.solver import SolverOptions, dbcd_tr
 
 from conftest import PARAMS, cvxpy_primal, make_binary, make_regression
 
-cp = pytest.importorskip("cvxpy")
+pytest.importorskip("cvxpy")
 
 LOSSES = ["squared", "huber", "epsilon_insensitive", "absolute", "pinball", "hinge", "squared_hinge", "logistic"]
 F64 = torch.float64
