@@ -442,9 +442,11 @@ class _FalkonFace(BaseEstimator):
         b, chunk = _sizes(features, n, X.shape[1], M_eff, T, torch.finfo(dtype).bits // 8, opt["memory"],
                           self.block_size, loss, "max_gpu_mem" if opt["device"].type == "cuda" else "max_cpu_mem")
         if features in ("cossin", "cos", "orf"):
+            # Features of float32 data are evaluated in float32 (the trigonometric functions dominate their
+            # cost) and solved in the solver's precision.
             fmap: Optional[FeatureMap] = make_feature_map(
                 kernel, int(M_eff), form="cos" if features == "cos" else "cossin", orthogonal=features == "orf",
-                seed=seed)
+                seed=seed, compute_dtype=torch.float32 if X.dtype == torch.float32 and dtype == torch.float64 else None)
         elif features == "nystrom":
             fmap = NystromFeatureMap(kernel, centers)
         else:

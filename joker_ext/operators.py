@@ -175,13 +175,19 @@ class FeatureOperator:
         """Called by :func:`joker_ext.solver.dbcd_tr` before the first block with what the loss needs."""
         self.newton_steps = bool(newton_steps)
 
+    def _kernel_model_available(self, XB: torch.Tensor) -> bool:
+        key = (XB.shape[1], XB.dtype, str(XB.device))
+        cache = self.__dict__.setdefault("_kernel_ok", {})
+        if key not in cache:
+            M, d = self.feature_map.n_features, XB.shape[1]
+            expected = getattr(self.feature_map, "expected_gram", None)
+            cache[key] = M > 8 * d and expected is not None and expected(XB[:1], XB[:1]) is not None
+        return cache[key]
+
     def _model_for(self, XB: torch.Tensor) -> str:
         model = self.block_model
         if model == "auto":
-            M, d = self.feature_map.n_features, XB.shape[1]
-            expected = getattr(self.feature_map, "expected_gram", None)
-            kernel_ok = M > 8 * d and expected is not None and expected(XB[:1], XB[:1]) is not None
-            model = "kernel" if self.newton_steps and kernel_ok else "exact"
+            model = "kernel" if self.newton_steps and self._kernel_model_available(XB) else "exact"
         if model == "exact":
             return "gram" if XB.shape[0] <= self.gram_max else "products"
         return model

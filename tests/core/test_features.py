@@ -103,3 +103,17 @@ def test_feature_map_errors_name_the_argument():
     fmap(X)
     with pytest.raises(ValueError, match="features"):
         fmap(X[:, :2])
+
+
+def test_compute_dtype_float32_is_the_float32_map_returned_in_float64():
+    X = torch.randn(200, 4, dtype=torch.float64).float().double()  # float32 data held in float64
+    k = GaussianKernel(1.5)
+    mixed = RandomFeatureMap(k, 301, seed=3, compute_dtype=torch.float32)
+    single = RandomFeatureMap(k, 301, seed=3)
+    full = RandomFeatureMap(k, 301, seed=3)
+    out = mixed(X)
+    assert out.dtype == torch.float64
+    assert torch.equal(out, single(X.float()).double())  # the same deterministic map, in float64
+    assert float((out - full(X)).abs().max()) < 1e-5  # and float32-close to the float64 evaluation
+    with pytest.raises(ValueError, match="compute_dtype"):
+        RandomFeatureMap(k, 10, compute_dtype=torch.int32)
