@@ -101,9 +101,9 @@ class RandomFeatureMap(FeatureMap):
     compute_dtype : torch.dtype, optional
         Precision in which ``X W`` and the cosines are evaluated (the result is returned in ``X``'s
         dtype). None: ``X``'s own. ``torch.float32`` for float32 data solved in float64 halves the cost
-        of the features (the trigonometric functions dominate it) and loses nothing the data had: the
-        map stays a fixed, deterministic function, used alike in the fit, the duality gap and
-        predictions.
+        of the features (the trigonometric functions dominate it) and loses nothing the data had; the
+        fit, the duality gap and predictions use the same map. (A one-row batch may differ from a
+        many-row one in the last float32 bit: the matrix product takes another code path.)
     """
 
     def __init__(
@@ -236,7 +236,8 @@ class RandomFeatureMap(FeatureMap):
 
     def __repr__(self) -> str:
         return (f"RandomFeatureMap({self.kernel!r}, n_features={self.n_features}, form={self.form!r}, "
-                f"orthogonal={self.orthogonal}, seed={self.seed})")
+                f"orthogonal={self.orthogonal}, seed={self.seed}"
+                + (f", compute_dtype={self.compute_dtype}" if getattr(self, "compute_dtype", None) else "") + ")")
 
 
 class ConcatFeatureMap(FeatureMap):
@@ -251,7 +252,10 @@ class ConcatFeatureMap(FeatureMap):
 
     def expected_gram(self, X1, X2):
         """The sum of the parts' expected Gram matrices (None when one part has none)."""
-        parts = [m.expected_gram(X1, X2) for m in self.maps]
+        fns = [getattr(m, "expected_gram", None) for m in self.maps]
+        if any(fn is None for fn in fns):
+            return None
+        parts = [fn(X1, X2) for fn in fns]
         return None if any(p is None for p in parts) else sum(parts[1:], parts[0])
 
 

@@ -136,7 +136,8 @@ def fit_dual(
     block_model : {'auto', 'exact', 'gram', 'kernel', 'products'}
         Feature mode only: the block matrix of the trust-region model (see
         :class:`joker_ext.operators.FeatureOperator`). All choices solve the same random-feature
-        problem; 'auto' takes the cheapest.
+        problem; 'auto' takes the kernel's block as preconditioner of Newton steps for the squared loss
+        (when ``M >= 2 b`` and ``M > 8 d``) and the exact block otherwise.
     """
     data = as_block_data(X, dtype, device)
     Yd = Y.to(device=device, dtype=dtype)

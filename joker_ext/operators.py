@@ -18,7 +18,7 @@ from typing import Callable, Dict, Optional
 import torch
 
 from .data import BlockData
-from .features import FeatureMap
+from .features import FeatureMap, NystromFeatureMap
 from .kernels import Kernel
 
 __all__ = ["ExactOperator", "FeatureOperator", "BlockOps", "apply_delta"]
@@ -140,7 +140,7 @@ class FeatureOperator:
         Rows per chunk in full passes over the data.
     gram_max : int
         Largest block for which ``block_model='auto'`` may form the Gram matrix.
-    block_model : {'auto', 'gram', 'kernel', 'products'}
+    block_model : {'auto', 'exact', 'gram', 'kernel', 'products'}
         The matrix of the trust-region model of a block:
 
         * ``'gram'``: ``Phi_B Phi_B^T``, formed (``2 b^2 M`` flops), the exact model;
@@ -151,11 +151,16 @@ class FeatureOperator:
           ``Phi_B^T s``, needed for the update anyway), so the trust region keeps every accepted step
           a decrease of the random-feature dual, whose minimiser is unchanged.
         * ``'exact'``: ``'gram'`` for blocks of at most ``gram_max`` rows, else ``'products'``;
-        * ``'auto'``: ``'kernel'`` for losses whose block step is a Newton step (the squared loss:
-          unconstrained and quadratic, so the step is computed on the true matrix, see
-          :func:`joker_ext.solver.dbcd_tr`) when the map is unbiased for an evaluable kernel and ``M``
-          exceeds ``8 d``; ``'exact'`` otherwise. (For the trust-region steps of the other losses a model
-          off by the random-feature error slows convergence when ``C`` is large, measured.)
+        * ``'auto'``: ``'kernel'`` for losses whose block step is a Newton step (unconstrained quadratic
+          duals such as the squared loss: the step is computed by CG on the true matrix, preconditioned
+          with ``K_BB``, see :func:`joker_ext.solver.dbcd_tr`) when the map is unbiased for an evaluable
+          kernel, ``M > 8 d`` and ``M >= 2 b`` (with ``b`` near or above ``M``, ``Phi_B Phi_B^T`` is far
+          from the full-rank ``K_BB`` and the preconditioner stops helping); ``'exact'`` otherwise. (For
+          the trust-region steps of the other losses a model off by the random-feature error slows
+          convergence when ``C`` is large, measured.)
+
+        With ``'kernel'`` the product ``Phi_B^T s`` that measures a trust-region step is computed again
+        for the update (one extra ``2 b M`` product per accepted trust-region step).
     """
 
     mode = "features"
@@ -168,8 +173,13 @@ class FeatureOperator:
         self.data = data
         self.chunk_rows = max(1, int(chunk_rows))
         self.gram_max = int(gram_max)
+        if block_model == "kernel" and isinstance(feature_map, NystromFeatureMap):
+            raise ValueError("block_model='kernel' needs random features of an evaluable kernel, got "
+                             "NystromFeatureMap (its Gram matrix is not an unbiased estimate of K_BB)")
         self.block_model = block_model
-        self.newton_steps = True  # set by the solver: whether the loss's block steps are Newton steps
+        # Set by the solver (prepare): whether the loss's block steps are Newton steps. False until then,
+        # so that a block taken outside the solver always gets an exact model.
+        self.newton_steps = False
 
     def prepare(self, *, newton_steps: bool) -> None:
         """Called by :func:`joker_ext.solver.dbcd_tr` before the first block with what the loss needs."""
@@ -187,7 +197,8 @@ class FeatureOperator:
     def _model_for(self, XB: torch.Tensor) -> str:
         model = self.block_model
         if model == "auto":
-            model = "kernel" if self.newton_steps and self._kernel_model_available(XB) else "exact"
+            wide = self.feature_map.n_features >= 2 * XB.shape[0]
+            model = "kernel" if self.newton_steps and wide and self._kernel_model_available(XB) else "exact"
         if model == "exact":
             return "gram" if XB.shape[0] <= self.gram_max else "products"
         return model

@@ -64,7 +64,7 @@ class SolverOptions:
     eta : float
         Acceptance threshold on rho.
     max_cg : int
-        Maximum CG iterations per trust-region subproblem.
+        Maximum CG iterations per trust-region subproblem (and per preconditioned Newton step).
     subproblem : {'auto', 'cg', 'direct'}
         How the trust-region subproblem on the free variables is solved: truncated CG-Steihaug, or
         exactly through an eigendecomposition of the block Hessian (robust on the ill-conditioned,
@@ -297,7 +297,7 @@ def dbcd_tr(
     unboxed = bool(torch.isinf(lo_all).all() and torch.isinf(hi_all).all())
     prepare = getattr(operator, "prepare", None)
     if prepare is not None:
-        # unconstrained quadratic duals (squared loss) take exact Newton steps on the true block matrix
+        # unconstrained quadratic duals (squared loss) take Newton steps by CG on the true block matrix
         prepare(newton_steps=unboxed and loss.quadratic and not loss.kink)
 
     gen = torch.Generator().manual_seed(int(opts.seed))
@@ -471,24 +471,40 @@ def _direct_subspace(KBB, hdiag, grad, s, free, radius):
 
 
 def _newton_pcg(ops, grad, hdiag, max_iter: int, tol: float):
-    """Newton step ``s = -(H_B + diag(h))^{-1} grad`` by conjugate gradients on the true block matrix,
-    preconditioned by the model's matrix: ``P = ops.matrix + diag(h)`` (the kernel's ``K_BB`` for random
-    features, of which ``H_B = Phi_B Phi_B^T`` is an unbiased estimate), factored once by Cholesky.
+    """Inexact Newton step ``s ~ -(H_B + diag(h))^{-1} grad`` by conjugate gradients on the true block
+    matrix, preconditioned by the model's matrix: ``P = ops.matrix + diag(h)`` (the kernel's ``K_BB``
+    for random features, of which ``H_B = Phi_B Phi_B^T`` is an unbiased estimate), factored once.
 
-    Each iteration costs one true product (``4 b M`` flops for features) and two triangular solves;
-    the preconditioned matrix is the identity up to the random-feature error, so a few iterations
-    suffice. Returns None when ``P`` is not numerically positive definite (the caller falls back).
+    CG stops at a relative residual ``tol`` or after ``max_iter`` products. Each iteration costs one true
+    product (``4 b M`` flops for features) and two triangular solves; with ``M`` well above ``b`` the
+    preconditioned matrix is the identity up to the random-feature error and a few iterations suffice.
+    ``P`` only preconditions: when its Cholesky factorisation fails (float32, large ``C``, duplicated
+    rows) it is shifted by a growing multiple of its diagonal until it succeeds. When the diagonals of
+    all targets are equal (the squared loss: ``h = 1 / c`` per sample), one factor serves them all.
+
+    Returns ``(s, decrease)`` with ``decrease = 1/2 s^T (r - grad)`` per target, the exact decrease of
+    the quadratic along ``s`` given the final residual ``r = -grad - (H + diag(h)) s``; None when ``P``
+    could not be factored at all.
     """
-    T = grad.shape[1]
-    P = ops.matrix.unsqueeze(0) + torch.diag_embed(hdiag.T)  # (T, b, b)
+    same = bool((hdiag == hdiag[:, :1]).all())
+    diags = hdiag[:, :1].T if same else hdiag.T
+    P = ops.matrix.unsqueeze(0) + torch.diag_embed(diags)  # (1 or T, b, b)
     L, info = torch.linalg.cholesky_ex(P)
     if bool((info != 0).any()):
-        return None
-
+        scale = P.diagonal(dim1=1, dim2=2).abs().amax().clamp_min(torch.finfo(P.dtype).tiny)
+        shift = P.shape[-1] * torch.finfo(P.dtype).eps * scale
+        eye = torch.eye(P.shape[-1], dtype=P.dtype, device=P.device)
+        for _ in range(8):
+            L, info = torch.linalg.cholesky_ex(P + shift * eye)
+            if not bool((info != 0).any()):
+                break
+            shift = shift * 10.0
+        else:
+            return None
     Lt = L.transpose(1, 2)
 
     def precond(R):
-        # two triangular solves (faster than cholesky_solve for a few columns)
+        # two triangular solves (faster than cholesky_solve for a few columns); one factor broadcasts
         Rb = R.T.unsqueeze(2)
         Z = torch.linalg.solve_triangular(Lt, torch.linalg.solve_triangular(L, Rb, upper=False), upper=True)
         return Z.squeeze(2).T
@@ -511,7 +527,7 @@ def _newton_pcg(ops, grad, hdiag, max_iter: int, tol: float):
         rz_new = (r * z).sum(0)
         p = z + torch.where(rz > 0, rz_new / torch.where(rz > 0, rz, torch.ones_like(rz)), torch.zeros_like(rz)) * p
         rz = rz_new
-    return s
+    return s, 0.5 * (s * (r - grad)).sum(0)
 
 
 _CAUCHY_FACTORS = (4.0, 2.0, 1.0, 0.5, 0.25, 0.125, 0.0625, 1.0 / 64, 1.0 / 256, 1.0 / 1024)
@@ -536,9 +552,12 @@ def _block_step(operator, state, loss: Loss, Y, c_col, alpha, idx, lo_all, hi_al
     if (unboxed and loss.quadratic and not loss.kink and not ops.exact_model and ops.true_matvec is not None
             and ops.matrix is not None and bool((hdiag > 0).all())):
         # Unconstrained, strictly convex quadratic dual (squared loss) with an approximate block matrix:
-        # the exact Newton step by conjugate gradients preconditioned with the approximation.
-        s = _newton_pcg(ops, grad, hdiag, opts.max_cg, opts.newton_tol)
-        if s is not None:
+        # a Newton step by conjugate gradients preconditioned with the approximation.
+        step = _newton_pcg(ops, grad, hdiag, opts.max_cg, opts.newton_tol)
+        # Accepted when the quadratic's exact decrease along it is positive and finite for every target;
+        # otherwise (rounding, a factorisation that failed) the trust-region step below is taken.
+        if step is not None and bool((torch.isfinite(step[1]) & ((step[1] > 0) | (step[0] == 0).all(0))).all()):
+            s = step[0]
             delta = operator.state_delta(ops, s)
             alpha[idx] = aB + s
             apply_delta(state, delta)

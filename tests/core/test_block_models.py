@@ -94,8 +94,12 @@ def test_auto_picks_the_kernel_model_only_for_unbiased_maps():
     many = FeatureOperator(make_feature_map(kernel, 100), data)
     few = FeatureOperator(make_feature_map(kernel, 20), data)
     nys = FeatureOperator(NystromFeatureMap(kernel, X[:30]), data)
+    assert many._model_for(X[:10]) == "gram"  # outside the solver: always an exact model
+    for op in (many, few, nys):
+        op.prepare(newton_steps=True)
     assert many._model_for(X[:10]) == "kernel"
-    assert few._model_for(X[:10]) == "gram"
+    assert many._model_for(torch.cat([X, X])[:60]) == "gram"  # b > M / 2: Phi_B Phi_B^T is far from K_BB
+    assert few._model_for(X[:10]) == "gram"  # M <= 8 d
     assert nys._model_for(X[:10]) == "gram"
     # the solver tells the operator when its loss takes trust-region (not Newton) steps
     dbcd_tr(many, torch.ones(50, 1, dtype=F64), get_loss("hinge"), torch.ones(50, dtype=F64),
@@ -107,5 +111,53 @@ def test_auto_picks_the_kernel_model_only_for_unbiased_maps():
     with pytest.raises(ValueError, match="block_model"):
         FeatureOperator(make_feature_map(kernel, 100), data, block_model="fast")
     with pytest.raises(ValueError, match="block_model='kernel'"):
-        FeatureOperator(NystromFeatureMap(kernel, X[:30]), data, block_model="kernel").block(
-            torch.arange(10), {"beta": torch.zeros(30, 1, dtype=F64)})
+        FeatureOperator(NystromFeatureMap(kernel, X[:30]), data, block_model="kernel")
+
+
+def test_newton_steps_in_float32_at_large_C_with_duplicated_rows():
+    """K_BB + I/C is singular in float32 here (C = 1e6, duplicated rows): the preconditioner is shifted,
+    the Newton steps still decrease the true dual, and as fast as the exact model does in float64."""
+    X, y = make_regression(n=200, d=2)
+    X = np.concatenate([X[:100], X[:100]])  # every row twice
+    y = np.concatenate([y[:100], y[:100] + 0.05])
+    kernel = GaussianKernel(1.0)
+    fmap = make_feature_map(kernel, 400, seed=0)
+    C = 1e6
+    Xt, Yt = torch.as_tensor(X, dtype=torch.float32), torch.as_tensor(y, dtype=torch.float32).reshape(-1, 1)
+    op = FeatureOperator(fmap, BlockData(Xt, torch.float32, torch.device("cpu")))
+    Phi = fmap(torch.as_tensor(X)).double()
+    duals = []
+
+    def cb(info):
+        a = info["alpha"].double()
+        u = Phi.T @ a
+        duals.append(0.5 * float((u * u).sum()) + float((a * a).sum() / (2 * C) - (a * Yt.double()).sum()))
+
+    res = dbcd_tr(op, Yt, get_loss("squared"), torch.full((200,), C), callback=cb,
+                  options=SolverOptions(block_size=50, max_iter=400, tol=0.0, callback_every=1, max_cg=200))
+    assert op._model_for(Xt[:50]) == "kernel"
+    inc = np.diff(duals)
+    assert np.all(inc <= 1e-5 * np.abs(duals).max()), inc.max()  # float32 rounding of the recomputed dual
+    # as much progress as the exact model (Phi_B Phi_B^T formed, trust-region steps) makes in float64
+    exact = []
+    op64 = FeatureOperator(fmap, BlockData(Xt.double(), F64, torch.device("cpu")), block_model="gram")
+    dbcd_tr(op64, Yt.double(), get_loss("squared"), torch.full((200,), C, dtype=F64), callback=lambda i: exact.append(
+        0.5 * float((i["state"]["beta"] ** 2).sum()) + float((i["alpha"] ** 2).sum() / (2 * C) -
+                                                             (i["alpha"] * Yt.double()).sum())),
+        options=SolverOptions(block_size=50, max_iter=400, tol=0.0, callback_every=1))
+    assert duals[-1] <= 0.9 * exact[-1] < 0
+
+
+def test_newton_steps_with_several_targets_and_sample_weights():
+    X, y = make_regression(n=150, d=3)
+    Y = np.stack([y, np.cos(X[:, 1]), -2 * y], axis=1)
+    kernel = GaussianKernel(1.1)
+    fmap = make_feature_map(kernel, 300, seed=2)
+    c = np.random.default_rng(0).uniform(0.2, 2.0, 150)
+    model = fit_dual(torch.as_tensor(X), torch.as_tensor(Y), loss=get_loss("squared"), c=torch.as_tensor(c),
+                     kernel=kernel, feature_map=fmap, options=SolverOptions(block_size=50, max_iter=2000, tol=1e-10))
+    assert model.result.status == "converged"
+    Phi = fmap(torch.as_tensor(X)).numpy()
+    # dual optimum: (Phi Phi^T + diag(1 / c)) alpha = Y, per target
+    alpha = np.linalg.solve(Phi @ Phi.T + np.diag(1.0 / c), Y)
+    np.testing.assert_allclose(model.alpha.numpy(), alpha, rtol=1e-4, atol=1e-5 * np.abs(alpha).max())
