@@ -6,7 +6,8 @@ The estimate counts the tensors the solver holds (sizes in elements times the dt
   plus ``f = K alpha`` in exact mode (``T``);
 * per block (b rows): the block's inputs (``b d``), its kernel matrix ``b^2`` and, for the direct
   trust-region solve, an eigendecomposition (``2 b^2``) in exact mode; its features ``b M`` (twice, for
-  the cos/sin intermediate) in feature mode; about ``20 T`` work vectors of length b;
+  the cos/sin intermediate) and the block matrix (``K_BB`` or ``Phi_B Phi_B^T``), its shifted copy and
+  its Cholesky factor (``3 b^2``) in feature mode; about ``20 T`` work vectors of length b;
 * per chunk (r rows, used to stream over the data): ``r b`` kernel values (exact update) or ``r M``
   features (gap evaluation);
 * the model: ``M T`` primal weights and the feature map's ``d M`` frequencies.
@@ -76,7 +77,9 @@ def estimate_fit_memory(n: int, d: int, T: int = 1, *, n_features: Optional[int]
         model = 0
     else:
         M = n_features
-        per_block = (b * d + 2 * b * M + 20 * b * T) * itemsize
+        # features (b x M, and their float32 evaluation), the block matrix (K_BB or Phi_B Phi_B^T), its
+        # shifted copy and its Cholesky factor
+        per_block = (b * d + 2 * b * M + 3 * b * b + 20 * b * T) * itemsize
         per_chunk = 2 * min(chunk_rows, n) * M * itemsize
         model = (M * T + d * M) * itemsize
     return MemoryEstimate(per_row, per_block, per_chunk, model)
