@@ -61,8 +61,8 @@ class CountingOperator(FeatureOperator):
         ops = super().block(idx, state)
         self.t_block += time.perf_counter() - t0
         self.blocks += 1
-        self.kinds.append(self._model_for(self.data.take(idx[:1])))
         true_mv, model_mv = ops.true_matvec, ops.matvec
+        self.kinds.append("kernel" if true_mv is not None else "gram" if ops.matrix is not None else "products")
 
         def timed(fn, widths):
             def mv(V):
