@@ -180,6 +180,7 @@ class FeatureOperator:
         # Set by the solver (prepare): whether the loss's block steps are Newton steps. False until then,
         # so that a block taken outside the solver always gets an exact model.
         self.newton_steps = False
+        self._kernel_ok: dict = {}  # (d, dtype, device) -> whether the kernel block can stand in for Phi_B Phi_B^T
 
     def prepare(self, *, newton_steps: bool) -> None:
         """Called by :func:`joker_ext.solver.dbcd_tr` before the first block with what the loss needs."""
@@ -187,7 +188,7 @@ class FeatureOperator:
 
     def _kernel_model_available(self, XB: torch.Tensor) -> bool:
         key = (XB.shape[1], XB.dtype, str(XB.device))
-        cache = self.__dict__.setdefault("_kernel_ok", {})
+        cache = self._kernel_ok
         if key not in cache:
             M, d = self.feature_map.n_features, XB.shape[1]
             expected = getattr(self.feature_map, "expected_gram", None)

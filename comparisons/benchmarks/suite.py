@@ -122,11 +122,9 @@ def _flights_worker(args):
     print("RESULT " + json.dumps(out), flush=True)
 
 
-FLIGHTS_M = None  # part 3's sizes (None: 2000 quick, 5000 and 20000 full); set by --flights-M
-FLIGHTS_FEATURES = None  # part 3's JokerFalkon features (None: auto quick, auto and nystrom full)
-
-
-def part3(quick: bool, threads: int):
+def part3(quick: bool, threads: int, sizes=None, features=None):
+    """Part 3; ``sizes`` (M values) default to 2000 quick, 5000 and 20000 full; ``features`` (JokerFalkon
+    modes) to 'auto' quick, 'auto' and 'nystrom' full."""
     try:
         import falkon  # noqa: F401
         from comparisons.datasets import flights
@@ -136,7 +134,7 @@ def part3(quick: bool, threads: int):
         return
     import numpy as np
     n = 20_000 if quick else 200_000
-    Ms = FLIGHTS_M or ([2000] if quick else [5000, 20000])
+    Ms = sizes or ([2000] if quick else [5000, 20000])
     ds = flights(task="regression", n_train=n, n_test=20_000, seed=0)
     sigma = float(median_heuristic(ds.X_train))
     tmp = tempfile.mkdtemp(prefix="joker_bench_")
@@ -162,7 +160,7 @@ def part3(quick: bool, threads: int):
             continue
         budget = 3.0 * f["fit_s"]
         fb = f["peak_mb"] - f["baseline_mb"]
-        for feats in FLIGHTS_FEATURES or (("auto",) if quick else ("auto", "nystrom")):
+        for feats in features or (("auto",) if quick else ("auto", "nystrom")):
             try:
                 # Nystrom features (Falkon's own model) only get Falkon's time: enough to tell whether the target holds.
                 bud = budget if feats == "auto" else f["fit_s"]
@@ -344,8 +342,6 @@ def main(argv=None):
         return _flights_worker(args)
     if args.worker == "keops":
         return _keops_worker(args)
-    global FLIGHTS_M, FLIGHTS_FEATURES
-    FLIGHTS_M, FLIGHTS_FEATURES = args.flights_M, args.flights_features
     import torch
     print(f"joker_ext performance suite ({'quick' if args.quick else 'full'}), torch {torch.__version__}, "
           f"{os.cpu_count()} CPUs, {args.threads} torch thread(s) per benchmark process, "
@@ -356,7 +352,10 @@ def main(argv=None):
             raise ValueError(f"--parts must list parts among {sorted(PARTS)}, got {key!r}")
         ts = time.perf_counter()
         print()
-        PARTS[key](args.quick, args.threads)
+        if key == "3":
+            part3(args.quick, args.threads, sizes=args.flights_M, features=args.flights_features)
+        else:
+            PARTS[key](args.quick, args.threads)
         print(f"    [part {key}: {time.perf_counter() - ts:.0f} s]", flush=True)
     print(f"\nsuite done in {time.perf_counter() - t0:.0f} s")
 
