@@ -51,6 +51,7 @@ from sklearn.exceptions import NotFittedError
 
 from joker_ext.conversions import penalty_to_C
 from joker_ext.data import BlockData
+from joker_ext.engines import resolve_solver
 from joker_ext.features import FeatureMap, NystromFeatureMap, make_feature_map
 from joker_ext.kernels import CallableKernel, Kernel, StationaryKernel, keops_available
 from joker_ext.losses import Loss, get_loss
@@ -454,7 +455,19 @@ class _FalkonFace(BaseEstimator):
         return {"opt": opt, "dtype": dtype, "seed": seed, "kernel": kernel, "features": features, "feature_map": fmap,
                 "centers": centers, "block_size": b, "chunk_rows": chunk, "M": M_eff}
 
-    def _solver_options(self, prep: dict, n: int, epochs: int, *, callback_epochs: Optional[int] = None) -> SolverOptions:
+    def _engine(self, prep: dict, n: int, loss: Loss) -> str:
+        """The engine ``solver`` stands for (:func:`joker_ext.engines.resolve_solver`)."""
+        mode = "exact" if prep["features"] == "exact" else "features"
+        return resolve_solver(getattr(self, "solver", "auto"), mode, n, torch.finfo(prep["dtype"]).bits // 8, loss)
+
+    def _solver_options(self, prep: dict, n: int, epochs: int, *, callback_epochs: Optional[int] = None,
+                        engine: str = "dbcd_tr", iterations: Optional[int] = None,
+                        callback_every: Optional[int] = None) -> SolverOptions:
+        if engine != "dbcd_tr":
+            # Newton engines: ``iterations`` are Newton iterations, Falkon's own outer iterations.
+            return SolverOptions(block_size=prep["block_size"], max_iter=max(1, iterations or epochs),
+                                 tol=prep["opt"]["tol"], max_time=self.max_time, seed=prep["seed"],
+                                 verbose=prep["opt"]["verbose"], callback_every=callback_every)
         b = prep["block_size"]
         nb = math.ceil(n / b)
         # Exact mode keeps f = K alpha, so the gap is O(n): check it every iteration. With features the
@@ -563,12 +576,13 @@ def _selector_size(center_selection) -> int:
 
 
 def _train(X, Y, loss: Loss, c: torch.Tensor, prep: dict, opts: SolverOptions, alpha0=None, *, callback=None,
-           resume: Optional[dict] = None) -> KernelModel:
-    """One DBCD-TR fit through :func:`joker_ext.model.fit_dual` (``resume`` continues a penalty path)."""
+           resume: Optional[dict] = None, engine: str = "dbcd_tr") -> KernelModel:
+    """One fit through :func:`joker_ext.model.fit_dual` (``resume`` continues a penalty path)."""
     dtype, device = prep["dtype"], prep["opt"]["device"]
     return fit_dual(X, Y, loss=loss, c=c.to(dtype), kernel=prep["kernel"], feature_map=prep["feature_map"],
                     options=opts, dtype=dtype, device=device, alpha0=None if resume is not None else alpha0,
-                    callback=callback, chunk_rows=prep["chunk_rows"], backend=prep["opt"]["backend"], resume=resume)
+                    callback=callback, chunk_rows=prep["chunk_rows"], backend=prep["opt"]["backend"], resume=resume,
+                    solver=engine)
 
 
 # ============================================================================ JokerFalkon
@@ -606,8 +620,14 @@ class JokerFalkon(_FalkonFace):
         ``numpy.random.default_rng(seed)``, the draw Falkon's UniformSelector makes for the same seed (so
         a model and its Falkon twin with the same seed share centres); a Falkon ``FixedSelector`` or a
         tensor fixes them.
+    solver : str, default 'auto' (keyword only)
+        The engine (:mod:`joker_ext.engines`). 'auto' takes the Newton engine for smooth losses (squared,
+        logistic, Huber, squared hinge): then ``maxiter`` counts Newton iterations, Falkon's own outer
+        iterations (each solves its Newton system by preconditioned CG to an inexact-Newton tolerance).
+        With ``solver='dbcd_tr'`` (and, under 'auto', for the losses with kinks) ``maxiter`` counts epochs
+        as described next. ``solver_`` holds the engine used.
     maxiter : int, default 20
-        Falkon's iteration budget, counted in **epochs**: the fit runs ``maxiter * epochs_per_iter`` passes
+        With ``solver='dbcd_tr'``: Falkon's iteration budget, counted in **epochs**: the fit runs ``maxiter * epochs_per_iter`` passes
         over the training data (default 2 per iteration, 40 in all), each visiting the ``ceil(n / b)`` blocks
         of ``b`` rows once on average (``n_iter_ <= maxiter * epochs_per_iter * ceil(n / b)`` block
         iterations). An epoch evaluates the features on every training row once, as one of Falkon's CG
@@ -682,7 +702,8 @@ class JokerFalkon(_FalkonFace):
     def __init__(self, kernel, penalty, M, center_selection="uniform", maxiter=20, seed=None, error_fn=None,
                  error_every=1, weight_fn=None, options=None, *, loss="squared", features="auto", epochs_per_iter=2,
                  block_size=None, tol=None, max_time=None, epsilon=0.1, delta=1.0, quantile=0.5, device=None,
-                 dtype=None):
+                 dtype=None, solver="auto"):
+        self.solver = solver
         self.kernel = kernel
         self.penalty = penalty
         self.M = M
@@ -759,9 +780,14 @@ class JokerFalkon(_FalkonFace):
         nf = Xf.shape[0]
         nb = math.ceil(nf / prep["block_size"])
         report = self.error_fn is not None and error_every is not None
-        opts = self._solver_options(prep, nf, epochs, callback_epochs=error_every * per_iter if report else None)
-        callback = self._reporter(Xf, Yu, Xts, Yts, prep, self.fit_times_[0], nb * per_iter) if report else None
-        model = _train(Xf, Yf, loss, c, prep, opts, alpha0, callback=callback)
+        engine = self._engine(prep, nf, loss)
+        newton = engine != "dbcd_tr"
+        opts = self._solver_options(prep, nf, epochs, callback_epochs=error_every * per_iter if report else None,
+                                    engine=engine, iterations=self.maxiter, callback_every=error_every if report else None)
+        per_report = 1 if newton else nb * per_iter
+        callback = self._reporter(Xf, Yu, Xts, Yts, prep, self.fit_times_[0], per_report) if report else None
+        model = _train(Xf, Yf, loss, c, prep, opts, alpha0, callback=callback, engine=engine)
+        self.solver_ = engine
         check_fit_finite("penalty", penalty, model.alpha, model.beta, _evaluated_primal(model))
         self._set_fitted(model, prep, Xf)
         if not bool(keep.all()):

@@ -37,7 +37,9 @@ from .data import BlockData, resolve_device, resolve_dtype
 from .features import ConcatFeatureMap, FeatureMap, make_feature_map
 from .kernels import Kernel, StationaryKernel, SumKernel, make_kernel, median_heuristic
 from .losses import Loss, get_loss
-from .model import KernelModel, default_block_size, default_max_iter, fit_dual
+from .engines import default_max_iter, resolve_solver
+from .memory import parse_memory
+from .model import KernelModel, default_block_size, fit_dual
 from .operators import ExactOperator, FeatureOperator
 from .solver import SolverOptions
 
@@ -132,6 +134,9 @@ class _OffsetLoss(Loss):
 
     def fenchel_young(self, y, f, a, c):
         return self.base.fenchel_young(y, f + self._b(f), a, c)
+
+    def smoothed_dual(self, f, y, c, smoothing=0.0):
+        return self.base.smoothed_dual(f + self._b(f), y, c, smoothing)
 
     def check_targets(self, y):
         self.base.check_targets(y)
@@ -271,6 +276,7 @@ class _JokerBase(BaseEstimator):
         "fit_intercept": ["boolean"],
         "block_size": [Interval(numbers.Integral, 1, None, closed="left"), None],
         "max_iter": [Interval(numbers.Integral, 1, None, closed="left"), None],
+        "solver": [str],
         "tol": [Interval(numbers.Real, 0, None, closed="left"), None],
         "epsilon": [Interval(numbers.Real, 0, None, closed="left")],
         "delta": [Interval(numbers.Real, 0, None, closed="neither")],
@@ -361,12 +367,18 @@ class _JokerBase(BaseEstimator):
             return float(self.tol)
         return 1e-14 if resolve_dtype(self.dtype) == torch.float64 else 1e-7
 
+    def _engine(self, n: int, loss: Loss) -> str:
+        """The engine ``solver`` stands for on ``n`` rows (see :func:`joker_ext.engines.resolve_solver`)."""
+        mode = "exact" if self.n_features is None else "features"
+        budget = None if self.max_memory is None else parse_memory(self.max_memory)
+        return resolve_solver(self.solver, mode, n, torch.finfo(resolve_dtype(self.dtype)).bits // 8, loss, budget)
+
     def _solver_options(self, n: int, loss: Loss) -> SolverOptions:
         b = self.block_size or default_block_size(n, loss)
         b = min(b, n)
         return SolverOptions(
             block_size=b,
-            max_iter=self.max_iter or default_max_iter(n, b),
+            max_iter=self.max_iter or default_max_iter(self._engine(n, loss), n, b),
             tol=self._tol(),
             max_time=self.max_time,
             seed=self._seed(),
@@ -432,6 +444,7 @@ class _JokerBase(BaseEstimator):
                                                  orthogonal=self.features == "orf", seed=self._seed())
         self.loss_ = loss
         c = torch.as_tensor(self.C * wk, dtype=torch.float64)
+        self.solver_ = self._engine(Xk.shape[0], loss)
         opts = self._solver_options(Xk.shape[0], loss)
         fingerprint = _fingerprint(Xk, Yk, wk)
         alpha0, b0 = self._warm_start_point(fingerprint, Yk.shape[1])
@@ -447,7 +460,7 @@ class _JokerBase(BaseEstimator):
             model = fit_dual(data, Yt, loss=loss, c=c, kernel=self.kernel_, feature_map=self.feature_map_,
                              options=opts, dtype=self.dtype_, device=self.device_, alpha0=alpha0,
                              max_memory=self.max_memory, resume=resume, checkpoint_path=self.checkpoint,
-                             checkpoint_every=self.checkpoint_every)
+                             checkpoint_every=self.checkpoint_every, solver=self.solver_)
             res = model.result
             n_iter, rounds = res.n_iter, 0
             intercept = np.zeros(Yk.shape[1])
@@ -524,7 +537,8 @@ class _JokerBase(BaseEstimator):
             inner = dataclasses.replace(opts, max_iter=max(1, -(-(opts.max_iter - total) // 2)), tol=inner_tol,
                                         max_time=None if opts.max_time is None else max(1e-3, opts.max_time - elapsed))
             model = fit_dual(data, Y, loss=_OffsetLoss(loss, b), c=c, kernel=kern, feature_map=fmap, options=inner,
-                             dtype=dtype, device=device, alpha0=alpha, max_memory=self.max_memory)
+                             dtype=dtype, device=device, alpha0=alpha, max_memory=self.max_memory,
+                             solver=self.solver_)
             res = model.result
             total += res.n_iter
             rounds += 1
@@ -708,8 +722,9 @@ _COMMON_PARAMS_DOC = """
     block_size : int, optional
         Rows per block (default: 2048 for n <= 5e5, 512 above; 1024 for logistic; at most n).
     max_iter : int, optional
-        Block iterations (default: 50 passes over the blocks, at least 200); with ``fit_intercept`` the
-        budget of all solves together.
+        Outer iterations of the engine: Newton iterations (default 100) or DBCD-TR block iterations
+        (default: 50 passes over the blocks, at least 200); with ``fit_intercept`` the budget of all
+        solves together.
     tol : float, optional
         Stop at this relative duality gap ``(P + D) / max(P, |D|)``. The default, 1e-14 in float64 and
         1e-7 in float32, asks for a solution correct to the working precision (the prediction error is
@@ -717,6 +732,12 @@ _COMMON_PARAMS_DOC = """
         with a ConvergenceWarning only when the gap is still above 1e-6.
     epsilon, delta, quantile : float
         Parameters of the epsilon_insensitive, huber and pinball losses.
+    solver : str, default 'auto'
+        The engine (:mod:`joker_ext.engines`): 'newton' (second order: projected Newton on the whole dual
+        for exact kernels, Newton-PCG on the feature weights for random features), 'dbcd_tr' (the Joker
+        paper's block method, memory O(n b)), or 'auto' (:func:`joker_ext.engines.resolve_solver`: Newton
+        where it is measured to converge fast and its memory fits, DBCD-TR elsewhere). ``solver_`` holds the
+        engine used.
     device : str or torch.device, default 'cpu'
     dtype : {{'float64', 'float32'}} or torch dtype, default 'float64'
     random_state : int, RandomState or None
@@ -772,7 +793,8 @@ class JokerRegressor(RegressorMixin, _JokerBase):
                  n_features=None, features="cossin", block_size=None, max_iter=None, tol=None, epsilon=0.1,
                  delta=1.0, quantile=0.5, device="cpu", dtype="float64", random_state=None, verbose=False,
                  warm_start=False, max_time=None, fit_intercept=False, max_memory=None, checkpoint=None,
-                 checkpoint_every=100):
+                 checkpoint_every=100, solver="auto"):
+        self.solver = solver
         self.loss = loss
         self.C = C
         self.kernel = kernel
@@ -842,7 +864,8 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
                  n_features=None, features="cossin", block_size=None, max_iter=None, tol=None, epsilon=0.1,
                  delta=1.0, quantile=0.5, device="cpu", dtype="float64", random_state=None, verbose=False,
                  warm_start=False, max_time=None, class_weight=None, probability=False, fit_intercept=False,
-                 max_memory=None, checkpoint=None, checkpoint_every=100):
+                 max_memory=None, checkpoint=None, checkpoint_every=100, solver="auto"):
+        self.solver = solver
         self.loss = loss
         self.C = C
         self.kernel = kernel

@@ -133,6 +133,52 @@ class Loss:
         """``c l(y, f) + g(a) + a f``: non-negative, zero exactly when ``a`` is optimal for ``f``."""
         return c * self.value(y, f) + self.conj(a, y, c) + a * f
 
+    def smoothed_dual(self, f: Tensor, y: Tensor, c: Tensor, smoothing: float = 0.0) -> Tuple[Tensor, Tensor]:
+        """The dual variable of a prediction and the curvature of the (smoothed) loss there.
+
+        ``a(f) = argmin_{a in box} a f + g(a) + smoothing a^2 / (2 c)``, so that
+        ``c l_s(y, f) = -min_a [...]`` is the loss smoothed by adding ``smoothing / (2 c) a^2`` to its
+        conjugate (its Moreau envelope of width ``smoothing / c``; ``smoothing = 0`` is the loss itself).
+        Then ``d/df [c l_s(y, f)] = -a(f)`` and ``w = d^2/df^2 [c l_s] = -da/df``: ``1 / (psi''(a) +
+        smoothing / c)`` where ``a`` is strictly inside the box (and off the kink), 0 elsewhere.
+
+        The primal Newton engine (:mod:`joker_ext.primal_newton`) needs only this; it is derived here
+        from the conjugate (closed form when ``psi`` is quadratic, bisection otherwise), so every
+        registered loss gets it. Returns ``(a, w)``, shaped like ``f``.
+        """
+        smoothing = float(smoothing)
+        c = c.expand_as(f) if c.dim() == f.dim() else c.reshape(-1, 1).expand_as(f)
+        lo, hi = self.box(y, c)
+        zero = torch.zeros_like(f)
+        k = self.kink
+        if self.quadratic:
+            # psi is quadratic: psi'(a) = p0 + h a with constant h, so the minimiser is closed-form.
+            p0 = self.psi_grad(zero, y, c)
+            denom = self.psi_hess(zero, y, c) + smoothing / c
+            r = y - f - p0
+            safe = torch.where(denom > 0, denom, torch.ones_like(denom))
+            pos, neg = (r - k) / safe, (r + k) / safe
+            flat = torch.where(r - k > 0, hi, torch.where(r + k < 0, lo, zero))  # linear model: a bound
+            a = torch.where(denom > 0, torch.where(pos > 0, pos, torch.where(neg < 0, neg, zero)), flat)
+            a = torch.minimum(torch.maximum(a, lo), hi)
+            curv = denom
+        else:
+            a = _smoothed_dual_bisection(self, f, y, c, lo, hi, smoothing)
+            curv = self.psi_hess(a, y, c) + smoothing / c
+        inside = (a > lo) & (a < hi) & (curv > 0)
+        if k:
+            inside = inside & (a != 0)
+        w = torch.where(inside, 1.0 / torch.where(curv > 0, curv, torch.ones_like(curv)), zero)
+        return a, w
+
+    def smoothed_value(self, f: Tensor, y: Tensor, c: Tensor, a: Tensor, smoothing: float = 0.0) -> Tensor:
+        """``c l_s(y, f) = -(a f + g(a) + smoothing a^2 / (2 c))`` at ``a = a(f)`` of :meth:`smoothed_dual`."""
+        c = c.expand_as(f) if c.dim() == f.dim() else c.reshape(-1, 1).expand_as(f)
+        out = -(a * f + self.conj(a, y, c))
+        if smoothing:
+            out = out - smoothing * a * a / (2.0 * c)
+        return out
+
     def check_targets(self, y: Tensor) -> None:
         """Raise ValueError when targets do not suit the loss (margin losses need -1/+1)."""
         if self.margin and not torch.all((y == 1) | (y == -1)):
@@ -384,6 +430,18 @@ class LogisticLoss(Loss):
         lo_u, hi_u = eps_c, c - eps_c
         return torch.where(y > 0, lo_u, -hi_u), torch.where(y > 0, hi_u, -lo_u)
 
+    def smoothed_dual(self, f, y, c, smoothing=0.0):
+        """Closed form without smoothing: ``y a = c sigmoid(-y f)``, ``w = c sigmoid(y f) sigmoid(-y f)``
+        (inside the box of :meth:`box`); the generic bisection otherwise."""
+        if smoothing:
+            return super().smoothed_dual(f, y, c, smoothing)
+        c = c.expand_as(f) if c.dim() == f.dim() else c.reshape(-1, 1).expand_as(f)
+        m = y * f
+        lo, hi = self.box(y, c)
+        a = torch.minimum(torch.maximum(y * c * torch.sigmoid(-m), lo), hi)
+        w = c * torch.sigmoid(m) * torch.sigmoid(-m)
+        return a, w
+
     def fenchel_young(self, y, f, a, c):
         # c * KL(Bernoulli(s) || Bernoulli(p)) with s = u / c and p = sigmoid(-y f).
         s = (y * a / c).clamp(0, 1)
@@ -485,6 +543,45 @@ class InfimalConvolution(Loss):
 def infimal_convolution(first: Loss, second: Loss) -> InfimalConvolution:
     """Return ``first [] second`` (see :class:`InfimalConvolution`)."""
     return InfimalConvolution(first, second)
+
+
+def _smoothed_dual_bisection(loss: Loss, f: Tensor, y: Tensor, c: Tensor, lo: Tensor, hi: Tensor,
+                             smoothing: float, iters: int = 100) -> Tensor:
+    """``argmin_{lo <= a <= hi} a f + g(a) + smoothing a^2 / (2c)`` by bisection on its (sub)derivative
+    ``f - y + psi'(a) + kink sign(a) + smoothing a / c``, which is nondecreasing in ``a``."""
+    k = loss.kink
+
+    def slope(a):
+        d = f - y + loss.psi_grad(a, y, c) + smoothing * a / c
+        if k:
+            d = d + k * torch.sign(a)
+        return d
+
+    scale = 1.0 + (y - f).abs() + c
+    a_lo = torch.where(torch.isinf(lo), -scale, lo)
+    a_hi = torch.where(torch.isinf(hi), scale, hi)
+    for _ in range(200):  # widen unbounded sides until they bracket the root
+        grow_lo = torch.isinf(lo) & (slope(a_lo) > 0)
+        grow_hi = torch.isinf(hi) & (slope(a_hi) < 0)
+        if not bool(grow_lo.any() or grow_hi.any()):
+            break
+        a_lo = torch.where(grow_lo, 2.0 * a_lo, a_lo)
+        a_hi = torch.where(grow_hi, 2.0 * a_hi, a_hi)
+    left, right = a_lo.clone(), a_hi.clone()
+    for _ in range(iters):
+        mid = 0.5 * (left + right)
+        up = slope(mid) < 0
+        left = torch.where(up, mid, left)
+        right = torch.where(up, right, mid)
+    a = 0.5 * (left + right)
+    a = torch.where(slope(a_lo) >= 0, a_lo, torch.where(slope(a_hi) <= 0, a_hi, a))
+    if k:
+        # the kink: a = 0 exactly when 0 lies in the subdifferential there
+        zero = torch.zeros_like(a)
+        base = f - y + loss.psi_grad(zero, y, c)
+        at_kink = (base - k <= 0) & (base + k >= 0) & (lo <= 0) & (hi >= 0)
+        a = torch.where(at_kink, zero, a)
+    return torch.minimum(torch.maximum(a, lo), hi)
 
 
 def _biconjugate_value(loss: Loss, y: Tensor, f: Tensor, iters: int = 200) -> Tensor:

@@ -17,9 +17,10 @@ from .data import BlockData, as_block_data
 from .features import FeatureMap
 from .kernels import Kernel
 from .losses import Loss
-from .memory import plan_blocks
+from .engines import default_max_iter as default_engine_iter, get_solver, resolve_solver
+from .memory import parse_memory, plan_blocks
 from .operators import ExactOperator, FeatureOperator
-from .solver import SolverOptions, SolverResult, dbcd_tr
+from .solver import SolverOptions, SolverResult
 
 __all__ = ["KernelModel", "fit_dual", "default_block_size", "default_max_iter"]
 
@@ -106,8 +107,9 @@ def fit_dual(
     checkpoint_every: Optional[int] = None,
     max_memory=None,
     block_model: str = "auto",
+    solver: str = "auto",
 ) -> KernelModel:
-    """Train the dual by DBCD-TR and return a :class:`KernelModel`.
+    """Train the model with the chosen engine and return a :class:`KernelModel`.
 
     Parameters
     ----------
@@ -133,8 +135,12 @@ def fit_dual(
         memory is halved (with a warning) and the fit continues from the last consistent iterate.
     checkpoint_path, checkpoint_every : optional
         Write a solver checkpoint to ``checkpoint_path`` every ``checkpoint_every`` iterations (atomic).
+    solver : str
+        The engine (:mod:`joker_ext.engines`): 'auto', 'newton' or 'dbcd_tr' (or a registered one).
+        ``options.max_iter`` counts that engine's outer iterations. The chosen name is stored in
+        ``model.extra['solver']``.
     block_model : {'auto', 'exact', 'gram', 'kernel', 'products'}
-        Feature mode only: the block matrix of the trust-region model (see
+        DBCD-TR in feature mode only: the block matrix of the trust-region model (see
         :class:`joker_ext.operators.FeatureOperator`). All choices solve the same random-feature
         problem; 'auto' takes the kernel's block as preconditioner of Newton steps for the squared loss
         (when ``M >= 2 b`` and ``M > 8 d``) and the exact block otherwise.
@@ -173,7 +179,12 @@ def fit_dual(
     else:
         kw = dict(alpha0=alpha0)
     opts = options or SolverOptions()
-    if max_memory is not None:
+    name = resolve_solver(solver, op.mode, data.n, torch.finfo(dtype).bits // 8, loss,
+                          None if max_memory is None else parse_memory(max_memory))
+    engine = get_solver(name, op.mode)
+    if opts.max_iter is None:
+        opts = replace(opts, max_iter=default_engine_iter(name, data.n, opts.block_size))
+    if max_memory is not None and name == "dbcd_tr":
         b, rows, est = plan_blocks(max_memory, data.n, data.d, Yd.shape[1],
                                    n_features=None if feature_map is None else feature_map.n_features,
                                    block_size=opts.block_size, chunk_rows=chunk_rows,
@@ -184,10 +195,16 @@ def fit_dual(
         opts = replace(opts, block_size=b)
         op.chunk_rows = rows
     while True:
-        res = dbcd_tr(op, Yd, loss, cd, opts, callback=callback, validation=validation, snapshot=snapshot,
-                      snapshot_every=None if snapshot is None else snapshot.every, **kw)
+        res = engine(op, Yd, loss, cd, opts, callback=callback, validation=validation, snapshot=snapshot,
+                     snapshot_every=None if snapshot is None else snapshot.every, **kw)
         if res.status != "out_of_memory":
             break
+        if name != "dbcd_tr":
+            warnings.warn(f"solver {name!r} ran out of memory; continuing with 'dbcd_tr' from its last iterate",
+                          RuntimeWarning, stacklevel=2)
+            name, engine = "dbcd_tr", get_solver("dbcd_tr", op.mode)
+            kw = dict(alpha0=res.alpha, start_iter=res.n_iter)
+            continue
         if opts.block_size <= 1 and op.chunk_rows <= 1:
             raise MemoryError("out of memory even with one-row blocks and chunks")
         new_b = max(1, opts.block_size // 2)
@@ -200,4 +217,4 @@ def fit_dual(
         kw = dict(alpha0=res.alpha, state0=res.state, radius0=res.radius, start_iter=res.n_iter)
     beta = res.state.get("beta") if feature_map is not None else None
     return KernelModel(kernel=kernel, feature_map=feature_map, X_train=data, alpha=res.alpha, beta=beta,
-                       result=res, chunk_rows=chunk_rows, backend=backend)
+                       result=res, chunk_rows=chunk_rows, backend=backend, extra={"solver": name})

@@ -98,6 +98,14 @@ class ExactOperator:
             f += self._mmv_all(self.data.take(idx), alpha[idx])
         return {"f": f}
 
+    def gram(self) -> torch.Tensor:
+        """The whole kernel matrix ``K`` (n x n), filled in row chunks (for the full-dual Newton engine)."""
+        X = self.data.all()
+        K = torch.empty(self.n, self.n, dtype=X.dtype, device=X.device)
+        for start, stop, Xc in self.data.chunks(self.chunk_rows):
+            K[start:stop] = self.kernel(Xc, X)
+        return K
+
     def block(self, idx: torch.Tensor, state) -> BlockOps:
         XB = self.data.take(idx)
         KBB = self.kernel(XB, XB)

@@ -53,8 +53,9 @@ class SolverOptions:
     ----------
     block_size : int
         Rows per block (the last blocks of the partition may be one row shorter).
-    max_iter : int
-        Maximum number of block iterations.
+    max_iter : int, optional
+        Maximum number of outer iterations (block iterations for DBCD-TR, Newton iterations for the
+        Newton engines); None: the engine's default (:func:`joker_ext.engines.default_max_iter`).
     tol : float
         Stop when the relative duality gap ``gap / max(primal, |dual|)`` is at most ``tol``.
     max_time : float, optional
@@ -92,10 +93,22 @@ class SolverOptions:
         Turn Ctrl-C into a clean stop between iterations (main thread only).
     final_gap : bool
         Evaluate the duality gap when the loop ends (a pass over the data in feature mode).
+    newton_rank : int, optional
+        Newton engine, feature mode: rank of the Nystrom preconditioner (default
+        :func:`joker_ext.primal_newton.default_rank`).
+    newton_sketch_rows : int, optional
+        Newton engine, feature mode: rows the preconditioner is sketched on (default
+        :func:`joker_ext.primal_newton.default_sketch_rows`).
+    newton_cg_tol : float
+        Newton engine, feature mode: the tightest relative residual asked of the inner conjugate gradients
+        (the inexact-Newton tolerance is ``clip(sqrt(rel_gap), newton_cg_tol, 0.1)``).
+
+    ``max_iter`` counts the outer iterations of the engine: block iterations for DBCD-TR, Newton
+    iterations for the Newton engines (:mod:`joker_ext.engines`).
     """
 
     block_size: int = 1024
-    max_iter: int = 1000
+    max_iter: Optional[int] = 1000
     tol: float = 1e-6
     max_time: Optional[float] = None
     block_selection: str = "random"
@@ -112,6 +125,9 @@ class SolverOptions:
     verbose: bool = False
     handle_sigint: bool = True
     final_gap: bool = True
+    newton_rank: Optional[int] = None
+    newton_sketch_rows: Optional[int] = None
+    newton_cg_tol: float = 1e-10
 
 
 @dataclass
@@ -688,3 +704,13 @@ def _block_step(operator, state, loss: Loss, Y, c_col, alpha, idx, lo_all, hi_al
         alpha[idx] = new_aB
         apply_delta(state, delta)
     return new_radius
+
+
+def _register() -> None:
+    from .engines import register_solver
+
+    register_solver("dbcd_tr", "exact", dbcd_tr)
+    register_solver("dbcd_tr", "features", dbcd_tr)
+
+
+_register()

@@ -535,7 +535,9 @@ def test_doc_mnist_notebook_swap(fk, capsys):
     err_f = float(f["classif_error"](f["test_pred"], f["mnist_ts_y"]))
     assert j["test_pred"].shape == (len(j["mnist_ts_y"]), 10)
     assert err_j <= err_f + 0.02
-    assert len(j["flk"].val_errors_) == 10  # maxiter=10, error_every=1: one report per iteration, as Falkon
+    # maxiter=10, error_every=1: one report per Newton iteration, as Falkon reports per CG iteration; the
+    # Newton engine may converge (to rounding) before maxiter, and then stops reporting
+    assert 1 <= len(j["flk"].val_errors_) <= 10
     out = capsys.readouterr().out
     assert "Iteration   1 - Elapsed" in out and "training error" in out
 
@@ -559,10 +561,11 @@ def test_sklearn_contract(fk, fopt):
 
 def test_penalty_maps_to_C_and_maxiter_to_epochs():
     X, Y = _toy(1000, d=3)
-    m = JokerFalkon(JGaussian(1.0), 2e-4, 64, maxiter=3, seed=0, block_size=300, tol=0.0).fit(X, Y)
+    m = JokerFalkon(JGaussian(1.0), 2e-4, 64, maxiter=3, seed=0, block_size=300, tol=0.0, solver="dbcd_tr").fit(X, Y)
     assert m.C_ == pytest.approx(1.0 / (1000 * 2e-4))
     assert m.n_iter_ == 3 * 2 * math.ceil(1000 / 300) and m.n_epochs_ == 6  # 2 epochs per Falkon iteration
-    m1 = JokerFalkon(JGaussian(1.0), 2e-4, 64, maxiter=3, epochs_per_iter=1, seed=0, block_size=300, tol=0.0)
+    m1 = JokerFalkon(JGaussian(1.0), 2e-4, 64, maxiter=3, epochs_per_iter=1, seed=0, block_size=300, tol=0.0,
+                     solver="dbcd_tr")
     assert m1.fit(X, Y).n_epochs_ == 3
     assert m.predict(X).shape == (1000, 1)
     # a 1-D Y gives (n, 1) predictions, as Falkon
@@ -623,7 +626,7 @@ def test_error_fn_reports_on_validation_data(capsys):
         return float(((y - p) ** 2).mean()), "mse"
 
     m = JokerFalkon(JGaussian(1.0), 1e-4, 64, maxiter=6, error_fn=err, error_every=2, seed=0, block_size=200,
-                    tol=0.0).fit(X, Y, Xts=Xt, Yts=Yt)  # reports at iterations 2, 4, 6 (epochs 4, 8, 12)
+                    tol=0.0, solver="dbcd_tr").fit(X, Y, Xts=Xt, Yts=Yt)  # reports at iterations 2, 4, 6 (epochs 4, 8, 12)
     assert len(m.val_errors_) == 3 and seen == [(100, 1)] * 3
     assert m.val_errors_[-1] == pytest.approx(float(((Yt - m.predict(Xt)) ** 2).mean()), rel=1e-10)
     assert len(m.fit_times_) == 4 and all(np.diff(m.fit_times_) >= 0)
@@ -639,7 +642,8 @@ def test_stop_optimization_exception_stops(fk):
     def err(y, p):
         raise StopOptimizationException("enough")
 
-    m = JokerFalkon(JGaussian(1.0), 1e-4, 64, maxiter=10, error_fn=err, seed=0, block_size=200, tol=0.0).fit(X, Y)
+    m = JokerFalkon(JGaussian(1.0), 1e-4, 64, maxiter=10, error_fn=err, seed=0, block_size=200, tol=0.0,
+                    solver="dbcd_tr").fit(X, Y)
     assert m.status_ == "callback" and m.n_iter_ == 2 * 3  # stopped at the first report: 1 iteration, 2 epochs
 
 

@@ -23,13 +23,13 @@ def test_resume_from_checkpoint_is_bitwise_identical(tmp_path, mode, loss_name):
     Xt, Y = torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1)
     c = torch.full((300,), 3.0, dtype=torch.float64)
     opts = lambda it: SolverOptions(block_size=50, max_iter=it, tol=0.0, seed=11, check_every=7)
-    full = fit_dual(Xt, Y, loss=loss, c=c, kernel=kernel, feature_map=fmap(), options=opts(40))
+    full = fit_dual(Xt, Y, loss=loss, c=c, kernel=kernel, feature_map=fmap(), options=opts(40), solver="dbcd_tr")
     ck = tmp_path / "solver.ckpt"
-    part = fit_dual(Xt, Y, loss=loss, c=c, kernel=kernel, feature_map=fmap(), options=opts(17),
+    part = fit_dual(Xt, Y, loss=loss, c=c, kernel=kernel, feature_map=fmap(), options=opts(17), solver="dbcd_tr",
                     checkpoint_path=ck, checkpoint_every=5)
     state = load_solver_state(ck)
     assert state["iteration"] == 15
-    resumed = fit_dual(Xt, Y, loss=loss, c=c, kernel=kernel, feature_map=fmap(), options=opts(40), resume=ck)
+    resumed = fit_dual(Xt, Y, loss=loss, c=c, kernel=kernel, feature_map=fmap(), options=opts(40), resume=ck, solver="dbcd_tr")
     assert resumed.result.n_iter == 40
     assert torch.equal(resumed.alpha, full.alpha)
     key = "f" if mode == "exact" else "beta"

@@ -60,7 +60,8 @@ def test_block_that_does_not_fit_is_shrunk_with_a_warning_and_the_fit_completes(
     c = torch.full((400,), C, dtype=torch.float64)
     with pytest.warns(RuntimeWarning, match="did not fit"):
         m = fit_dual(Xt, Y, loss=get_loss("squared"), c=c, kernel=kernel, feature_map=FlakyFeatures(fmap, 120),
-                     options=SolverOptions(block_size=400, max_iter=3000, tol=1e-11), chunk_rows=100)
+                     options=SolverOptions(block_size=400, max_iter=3000, tol=1e-11), chunk_rows=100,
+                     solver="dbcd_tr")
     assert m.result.status == "converged"
     # closed form in feature space: beta = (Phi^T Phi + I / C)^-1 Phi^T y
     Phi = fmap(Xt)

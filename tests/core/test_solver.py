@@ -137,7 +137,7 @@ def test_warm_start_from_solution_stops_at_once():
     again = fit_dual(torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1), loss=loss, c=torch.as_tensor(c),
                      kernel=kernel, options=SolverOptions(block_size=100, max_iter=50, tol=1e-10),
                      alpha0=first.alpha)
-    assert again.result.n_iter == 1
+    assert again.result.n_iter <= 1
     assert again.result.status == "converged"
 
 
@@ -169,9 +169,9 @@ def test_feature_mode_gap_closes_in_feature_space():
     fmap = make_feature_map(kernel, 100, seed=0)
     m = fit_dual(torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1), loss=get_loss("logistic"),
                  c=torch.full((300,), 1.0, dtype=F64), kernel=kernel, feature_map=fmap,
-                 options=SolverOptions(block_size=100, max_iter=3000, tol=1e-9))
+                 options=SolverOptions(block_size=100, max_iter=3000, tol=1e-9), solver="dbcd_tr")
     assert m.result.status == "converged"
-    # beta equals Phi^T alpha, recomputed independently
+    # DBCD-TR keeps beta equal to Phi^T alpha, recomputed independently
     Phi = fmap(torch.as_tensor(X))
     np.testing.assert_allclose(m.beta.numpy(), (Phi.T @ m.alpha).numpy(), rtol=1e-8, atol=1e-10)
 

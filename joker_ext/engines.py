@@ -1,0 +1,217 @@
+"""Solvers as interchangeable engines behind one protocol.
+
+Every engine minimises the same problem (see :mod:`joker_ext.losses`), for each target column::
+
+    primal  min_theta 1/2 ||theta||^2 + sum_i c_i l(y_i, <theta, phi(x_i)>)
+    dual    min_alpha 1/2 alpha^T K alpha + sum_i g_i(alpha_i),   alpha_i in box_i
+
+and is called the same way::
+
+    engine(operator, Y, loss, c, options, *, alpha0=None, state0=None, start_iter=0, callback=None,
+           validation=None, snapshot=None, snapshot_every=None, radius0=None, rng_state=None) -> SolverResult
+
+``operator`` is an :class:`~joker_ext.operators.ExactOperator` (``operator.mode == 'exact'``) or a
+:class:`~joker_ext.operators.FeatureOperator` (``'features'``). The result carries the dual variables
+``alpha``, the operator state (``{'f': K alpha}`` or ``{'beta': Phi^T alpha}``-like primal weights), the
+duality gap and a history; every engine stops on the relative duality gap ``options.tol``.
+
+Engines registered here:
+
+========== ========== ==========================================================================
+name       mode       engine
+========== ========== ==========================================================================
+dbcd_tr    both       the seed paper's dual block coordinate descent with a trust region
+newton     exact      projected Newton on the whole dual (:mod:`joker_ext.dual_newton`)
+newton     features   Newton-PCG on the primal feature weights with a randomized Nystrom
+                      preconditioner and smoothing continuation (:mod:`joker_ext.primal_newton`)
+========== ========== ==========================================================================
+
+``solver='auto'`` (:func:`resolve_solver`) takes ``'newton'``, except for exact kernels whose ``n x n``
+matrix does not fit the memory budget, which go to ``'dbcd_tr'`` (it needs only ``O(n b)``).
+"""
+from __future__ import annotations
+
+import math
+import signal
+import threading
+import time
+import warnings
+from contextlib import contextmanager
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+
+__all__ = ["register_solver", "get_solver", "available_solvers", "resolve_solver", "Monitor",
+           "DEFAULT_EXACT_MEMORY", "default_max_iter"]
+
+#: Memory the full-dual Newton engine may give the ``n x n`` kernel matrix and its factor when the user
+#: sets no ``max_memory`` (bytes).
+DEFAULT_EXACT_MEMORY = 6 * 2**30
+
+#: Default iteration budgets (outer iterations of each engine).
+NEWTON_MAX_ITER = 100
+DBCD_EPOCHS = 50
+
+_SOLVERS: Dict[Tuple[str, str], Callable] = {}
+
+
+def register_solver(name: str, mode: str, engine: Callable, *, overwrite: bool = False) -> None:
+    """Register ``engine`` as solver ``name`` for operators of ``mode`` ('exact' or 'features')."""
+    if not isinstance(name, str) or not name or name == "auto":
+        raise ValueError(f"name must be a non-empty string other than 'auto', got {name!r}")
+    if mode not in ("exact", "features"):
+        raise ValueError(f"mode must be 'exact' or 'features', got {mode!r}")
+    if not callable(engine):
+        raise TypeError(f"engine must be callable, got {type(engine).__name__}")
+    if (name, mode) in _SOLVERS and not overwrite:
+        raise ValueError(f"a solver {name!r} for mode {mode!r} is registered already; pass overwrite=True")
+    _SOLVERS[(name, mode)] = engine
+
+
+def available_solvers(mode: Optional[str] = None) -> Tuple[str, ...]:
+    """Names of the registered solvers (for ``mode`` when given), plus 'auto'."""
+    names = sorted({n for (n, m) in _SOLVERS if mode is None or m == mode})
+    return ("auto",) + tuple(names)
+
+
+def get_solver(name: str, mode: str) -> Callable:
+    """The engine registered as ``name`` for ``mode``; ValueError naming the choices otherwise."""
+    _ensure_builtin()
+    if (name, mode) not in _SOLVERS:
+        raise ValueError(f"solver must be one of {available_solvers(mode)} for {mode} mode, got {name!r}")
+    return _SOLVERS[(name, mode)]
+
+
+def resolve_solver(name: str, mode: str, n: int, itemsize: int, loss=None, max_memory: Optional[int] = None) -> str:
+    """The engine ``'auto'`` stands for; other names are returned after checking they are registered.
+
+    ``'auto'`` takes ``'newton'`` where it was measured to converge fast, ``'dbcd_tr'`` elsewhere:
+
+    * exact kernels: ``'newton'`` when the ``n x n`` matrix and a factor (``2 n^2`` numbers) fit
+      ``max_memory`` (default :data:`DEFAULT_EXACT_MEMORY`) and the loss is smooth (``psi'' > 0``:
+      squared, Huber, squared hinge, logistic);
+    * features: ``'newton'`` for smooth losses.
+
+    Losses with a linear conjugate (hinge, absolute, pinball, epsilon-insensitive) stay with
+    ``'dbcd_tr'``: on them the Newton engines (with smoothing continuation) converge, but were measured to
+    identify the many points at their bounds too slowly to be the default (see docs/math.rst).
+    """
+    _ensure_builtin()
+    if name != "auto":
+        get_solver(name, mode)
+        return name
+    kinked = loss is not None and _needs_smoothing(loss)
+    if mode == "exact":
+        budget = DEFAULT_EXACT_MEMORY if max_memory is None else int(max_memory)
+        fits = 2 * n * n * itemsize <= budget
+        return "newton" if fits and not kinked else "dbcd_tr"
+    return "dbcd_tr" if kinked else "newton"
+
+
+def _needs_smoothing(loss) -> bool:
+    from .smoothing import needs_smoothing
+
+    y = torch.ones(1, 1, dtype=torch.float64)
+    return needs_smoothing(loss, y, torch.ones(1, dtype=torch.float64))
+
+
+def default_max_iter(solver: str, n: int, block_size: int) -> int:
+    """Default budget of outer iterations: Newton steps for 'newton', ``DBCD_EPOCHS`` passes over the
+    blocks (at least 200 block iterations) for 'dbcd_tr'."""
+    if solver == "newton":
+        return NEWTON_MAX_ITER
+    return max(200, DBCD_EPOCHS * math.ceil(n / max(1, block_size)))
+
+
+def _ensure_builtin() -> None:
+    """Import the built-in engines' modules, which register themselves (once; imports are cached)."""
+    from . import newton_exact, primal_newton, solver  # noqa: F401
+
+
+class _Interrupt:
+    """Turns SIGINT into a flag checked between iterations, so the iterate stays consistent."""
+
+    def __init__(self):
+        self.flag = False
+
+    def __call__(self, signum, frame):
+        self.flag = True
+
+
+@contextmanager
+def sigint_as_flag(enabled: bool):
+    """While active (main thread only), Ctrl-C sets ``handler.flag`` instead of raising."""
+    handler = _Interrupt()
+    old = None
+    if enabled and threading.current_thread() is threading.main_thread():
+        try:
+            old = signal.signal(signal.SIGINT, handler)
+        except (ValueError, OSError):  # pragma: no cover - embedded interpreters
+            old = None
+    try:
+        yield handler
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGINT, old)
+
+
+class Monitor:
+    """Bookkeeping shared by the Newton engines: history, tolerance, callback, time budget, snapshots.
+
+    Parameters
+    ----------
+    options : SolverOptions
+    callback, validation, snapshot, snapshot_every :
+        As in :func:`joker_ext.solver.dbcd_tr`.
+    dtype : torch.dtype
+        Working dtype (for the relative gap's floor).
+    """
+
+    def __init__(self, options, *, callback=None, validation=None, snapshot=None, snapshot_every=None,
+                 dtype=torch.float64):
+        self.options = options
+        self.callback = callback
+        self.validation = validation
+        self.snapshot = snapshot
+        self.snapshot_every = snapshot_every
+        self.tiny = torch.finfo(dtype).tiny
+        self.history: List[dict] = []
+        self.t0 = time.perf_counter()
+
+    def record(self, iteration: int, primal: float, dual: float, gap: float, state, alpha, **extra) -> dict:
+        """Append a history record (relative gap ``gap / max(|primal|, |dual|)``) and return it."""
+        scale = max(abs(primal), abs(dual), self.tiny)
+        rec = {"iteration": iteration, "time": time.perf_counter() - self.t0, "primal": primal, "dual": dual,
+               "gap": gap, "rel_gap": gap / scale if math.isfinite(gap) else math.inf}
+        rec.update(extra)
+        if self.validation is not None:
+            rec["validation"] = float(self.validation(state, alpha))
+        self.history.append(rec)
+        return rec
+
+    def stop_reason(self, rec: dict, state, alpha, interrupted: bool) -> Optional[str]:
+        """'converged', 'callback', 'max_time' or 'interrupted' when the loop should end, else None."""
+        it = rec["iteration"]
+        if self.snapshot is not None and self.snapshot_every and it % self.snapshot_every == 0:
+            self.snapshot({"alpha": alpha, "state": state, "radius": None, "iteration": it, "rng_state": None})
+        if rec["rel_gap"] <= self.options.tol:
+            return "converged"
+        if self.callback is not None:
+            info = dict(rec)
+            info.update(alpha=alpha, state=state, radius=None, rng_state=None)
+            try:
+                if self.callback(info):
+                    return "callback"
+            except KeyboardInterrupt:
+                return self._interrupted(it)
+        if self.options.max_time is not None and time.perf_counter() - self.t0 >= self.options.max_time:
+            return "max_time"
+        if interrupted:
+            return self._interrupted(it)
+        return None
+
+    @staticmethod
+    def _interrupted(it: int) -> str:
+        warnings.warn(f"fit interrupted after {it} iterations; the model keeps the last consistent iterate",
+                      RuntimeWarning, stacklevel=3)
+        return "interrupted"
