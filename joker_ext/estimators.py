@@ -138,6 +138,9 @@ class _OffsetLoss(Loss):
     def smoothed_dual(self, f, y, c, smoothing=0.0):
         return self.base.smoothed_dual(f + self._b(f), y, c, smoothing)
 
+    def column(self, t):
+        return _OffsetLoss(self.base, self.offset.reshape(-1)[t : t + 1])
+
     def check_targets(self, y):
         self.base.check_targets(y)
 

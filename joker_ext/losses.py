@@ -179,6 +179,10 @@ class Loss:
             out = out - smoothing * a * a / (2.0 * c)
         return out
 
+    def column(self, t: int) -> "Loss":
+        """The loss of target column ``t`` alone (itself, unless it carries per-column parameters)."""
+        return self
+
     def check_targets(self, y: Tensor) -> None:
         """Raise ValueError when targets do not suit the loss (margin losses need -1/+1)."""
         if self.margin and not torch.all((y == 1) | (y == -1)):

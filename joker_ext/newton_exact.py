@@ -250,7 +250,7 @@ def exact_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options
             diagK = K.diagonal().clone()
             F = K @ alpha
             s0 = float(c_col.mean()) * float(diagK.mean()) if needs_smoothing(loss, Y, c_col) else 0.0
-            columns = [_Column(K, diagK, loss, alpha[:, t].clone(), F[:, t].clone(), Y[:, t], c_col[:, 0],
+            columns = [_Column(K, diagK, loss.column(t), alpha[:, t].clone(), F[:, t].clone(), Y[:, t], c_col[:, 0],
                                lo_all[:, t], hi_all[:, t], s0, eps0) for t in range(T)]
             rec = certify(it)
             reason = "converged" if rec["rel_gap"] <= opts.tol else None
