@@ -40,6 +40,7 @@ import torch
 
 from .losses import Loss
 from .memory import is_out_of_memory
+from .engines import sigint_as_flag
 from .operators import apply_delta
 
 __all__ = ["SolverOptions", "SolverResult", "dbcd_tr", "cg_steihaug", "duality_gap", "make_blocks"]
@@ -232,31 +233,7 @@ def duality_gap(loss: Loss, Y: torch.Tensor, F: torch.Tensor, alpha: torch.Tenso
     return primal, dual, gap
 
 
-class _Interrupt:
-    """Turns SIGINT into a flag checked between iterations, so the iterate stays consistent."""
-
-    def __init__(self):
-        self.flag = False
-
-    def __call__(self, signum, frame):
-        self.flag = True
-
-
-@contextmanager
-def _sigint_as_flag(enabled: bool):
-    handler = _Interrupt()
-    if enabled and threading.current_thread() is threading.main_thread():
-        try:
-            old = signal.signal(signal.SIGINT, handler)
-        except (ValueError, OSError):  # pragma: no cover - embedded interpreters
-            old = None
-    else:
-        old = None
-    try:
-        yield handler
-    finally:
-        if old is not None:
-            signal.signal(signal.SIGINT, old)
+_sigint_as_flag = sigint_as_flag
 
 
 def dbcd_tr(
