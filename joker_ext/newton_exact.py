@@ -41,7 +41,7 @@ from .engines import Monitor, register_solver, sigint_as_flag
 from .losses import Loss
 from .memory import is_out_of_memory
 from .smoothing import Continuation, needs_smoothing
-from .solver import SolverOptions, SolverResult, duality_gap
+from .solver import SolverOptions, SolverResult, duality_gap, orthant_box
 
 __all__ = ["exact_newton"]
 
@@ -61,20 +61,6 @@ def cholesky_shifted(H: torch.Tensor) -> torch.Tensor:
         H.diagonal().add_(step - shift)
         shift, step = step, step * 10.0
     raise torch.linalg.LinAlgError("the Newton system could not be factored")
-
-
-def _orthant(kink: float, a, grad, lo, hi):
-    """Restrict the box to the orthant of the step (kink losses) and add ``kink * sign`` to the gradient."""
-    if not kink:
-        return grad, lo, hi
-    sgn = torch.sign(a)
-    at0 = sgn == 0
-    sgn = torch.where(at0 & (grad + kink < 0), torch.ones_like(sgn), sgn)
-    sgn = torch.where(at0 & (grad - kink > 0), -torch.ones_like(sgn), sgn)
-    zero = torch.zeros_like(lo)
-    lo = torch.where(sgn > 0, torch.maximum(lo, zero), torch.where(sgn < 0, lo, zero))
-    hi = torch.where(sgn < 0, torch.minimum(hi, zero), torch.where(sgn > 0, hi, zero))
-    return grad + kink * sgn, lo, hi
 
 
 def _newton_direction(K, diagK, grad, hess, a, lo, hi, eps0: float):
@@ -165,7 +151,7 @@ class _Column:
             return True
         a, sm = self.a, self.smoothing.value
         grad = self.f + self.loss.conj_grad(a, self.y, self.c) + sm * a / self.c
-        grad, lo, hi = _orthant(self.loss.kink, a, grad, self.lo, self.hi)
+        grad, lo, hi = orthant_box(self.loss.kink, a, grad, self.lo, self.hi)
         hess = self.loss.psi_hess(a, self.y, self.c) + sm / self.c
         d = _newton_direction(self.K, self.diagK, grad, hess, a, lo, hi, self.eps0)
         t = 1.0

@@ -523,6 +523,22 @@ def _newton_pcg(ops, grad, hdiag, max_iter: int, tol: float):
     return s, 0.5 * (s * (r - grad)).sum(0)
 
 
+def orthant_box(kink: float, a, grad, lo, hi):
+    """For a kink ``kink * |a|``: restrict the box to the orthant of the step and add ``kink * sign`` to the
+    gradient (seed paper, B.2). A coordinate at zero takes the side its gradient points to, or stays at
+    zero when ``|grad| <= kink``. Returns ``(grad, lo, hi)`` unchanged when there is no kink."""
+    if not kink:
+        return grad, lo, hi
+    sgn = torch.sign(a)
+    at0 = sgn == 0
+    sgn = torch.where(at0 & (grad + kink < 0), torch.ones_like(sgn), sgn)
+    sgn = torch.where(at0 & (grad - kink > 0), -torch.ones_like(sgn), sgn)
+    zero = torch.zeros_like(lo)
+    lo = torch.where(sgn > 0, torch.maximum(lo, zero), torch.where(sgn < 0, lo, zero))
+    hi = torch.where(sgn < 0, torch.minimum(hi, zero), torch.where(sgn > 0, hi, zero))
+    return grad + kink * sgn, lo, hi
+
+
 _CAUCHY_FACTORS = (4.0, 2.0, 1.0, 0.5, 0.25, 0.125, 0.0625, 1.0 / 64, 1.0 / 256, 1.0 / 1024)
 _SEARCH_FACTORS = (1.0, 0.5, 0.25, 0.125, 1.0 / 16, 0.0)
 
@@ -555,16 +571,7 @@ def _block_step(operator, state, loss: Loss, Y, c_col, alpha, idx, lo_all, hi_al
             alpha[idx] = aB + s
             apply_delta(state, delta)
             return torch.full((aB.shape[1],), math.inf, dtype=aB.dtype, device=aB.device)
-    if loss.kink:
-        k = loss.kink
-        sgn = torch.sign(aB)
-        at0 = sgn == 0
-        sgn = torch.where(at0 & (grad + k < 0), torch.ones_like(sgn), sgn)
-        sgn = torch.where(at0 & (grad - k > 0), -torch.ones_like(sgn), sgn)
-        zero = torch.zeros_like(lo)
-        lo = torch.where(sgn > 0, torch.maximum(lo, zero), torch.where(sgn < 0, lo, zero))
-        hi = torch.where(sgn < 0, torch.minimum(hi, zero), torch.where(sgn > 0, hi, zero))
-        grad = grad + k * sgn
+    grad, lo, hi = orthant_box(loss.kink, aB, grad, lo, hi)
     free = ~(((aB <= lo) & (grad >= 0)) | ((aB >= hi) & (grad <= 0)))
     gF = grad * free
     T = aB.shape[1]
