@@ -21,13 +21,15 @@ Engines registered here:
 name       mode       engine
 ========== ========== ==========================================================================
 dbcd_tr    both       the seed paper's dual block coordinate descent with a trust region
-newton     exact      projected Newton on the whole dual (:mod:`joker_ext.dual_newton`)
+active_set exact      proximal primal-dual active-set method for conjugates that are quadratic or
+                      linear on their box; fits the intercept itself (:mod:`joker_ext.active_set`)
+newton     exact      projected Newton on the whole dual (:mod:`joker_ext.newton_exact`)
 newton     features   Newton-PCG on the primal feature weights with a randomized Nystrom
                       preconditioner and smoothing continuation (:mod:`joker_ext.primal_newton`)
 ========== ========== ==========================================================================
 
-``solver='auto'`` (:func:`resolve_solver`) takes ``'newton'``, except for exact kernels whose ``n x n``
-matrix does not fit the memory budget, which go to ``'dbcd_tr'`` (it needs only ``O(n b)``).
+``solver='auto'`` (:func:`resolve_solver`) takes a second-order engine, except for exact kernels whose
+``n x n`` matrix does not fit the memory budget, which go to ``'dbcd_tr'`` (it needs only ``O(n b)``).
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-__all__ = ["register_solver", "get_solver", "available_solvers", "resolve_solver", "Monitor",
+__all__ = ["register_solver", "get_solver", "available_solvers", "resolve_solver", "supports_intercept", "Monitor",
            "DEFAULT_EXACT_MEMORY", "default_max_iter"]
 
 #: Memory the full-dual Newton engine may give the ``n x n`` kernel matrix and its factor when the user
@@ -53,10 +55,16 @@ NEWTON_MAX_ITER = 100
 DBCD_EPOCHS = 50
 
 _SOLVERS: Dict[Tuple[str, str], Callable] = {}
+_WITH_INTERCEPT = set()
 
 
-def register_solver(name: str, mode: str, engine: Callable, *, overwrite: bool = False) -> None:
-    """Register ``engine`` as solver ``name`` for operators of ``mode`` ('exact' or 'features')."""
+def register_solver(name: str, mode: str, engine: Callable, *, overwrite: bool = False,
+                    intercept: bool = False) -> None:
+    """Register ``engine`` as solver ``name`` for operators of ``mode`` ('exact' or 'features').
+
+    ``intercept=True`` declares that the engine takes ``intercept=True`` and then fits an unregularized
+    intercept itself (the dual constraint ``sum_i alpha_i = 0``), returned as ``state['intercept']``;
+    other engines get the intercept from the estimators' outer search."""
     if not isinstance(name, str) or not name or name == "auto":
         raise ValueError(f"name must be a non-empty string other than 'auto', got {name!r}")
     if mode not in ("exact", "features"):
@@ -66,6 +74,16 @@ def register_solver(name: str, mode: str, engine: Callable, *, overwrite: bool =
     if (name, mode) in _SOLVERS and not overwrite:
         raise ValueError(f"a solver {name!r} for mode {mode!r} is registered already; pass overwrite=True")
     _SOLVERS[(name, mode)] = engine
+    if intercept:
+        _WITH_INTERCEPT.add((name, mode))
+    else:
+        _WITH_INTERCEPT.discard((name, mode))
+
+
+def supports_intercept(name: str, mode: str) -> bool:
+    """True when engine ``name`` fits the intercept itself (see :func:`register_solver`)."""
+    _ensure_builtin()
+    return (name, mode) in _WITH_INTERCEPT
 
 
 def available_solvers(mode: Optional[str] = None) -> Tuple[str, ...]:
@@ -85,16 +103,17 @@ def get_solver(name: str, mode: str) -> Callable:
 def resolve_solver(name: str, mode: str, n: int, itemsize: int, loss=None, max_memory: Optional[int] = None) -> str:
     """The engine ``'auto'`` stands for; other names are returned after checking they are registered.
 
-    ``'auto'`` takes ``'newton'`` where it was measured to converge fast, ``'dbcd_tr'`` elsewhere:
+    ``'auto'`` takes a second-order engine where it was measured to converge fast, ``'dbcd_tr'`` elsewhere:
 
-    * exact kernels: ``'newton'`` when the ``n x n`` matrix and a factor (``2 n^2`` numbers) fit
-      ``max_memory`` (default :data:`DEFAULT_EXACT_MEMORY`) and the loss is smooth (``psi'' > 0``:
-      squared, Huber, squared hinge, logistic);
+    * exact kernels, when the ``n x n`` matrix and a factor (``2 n^2`` numbers) fit ``max_memory``
+      (default :data:`DEFAULT_EXACT_MEMORY`): ``'active_set'`` for losses whose conjugate is quadratic or
+      linear on its box (squared, Huber, epsilon-insensitive, absolute, pinball, hinge, squared hinge),
+      ``'newton'`` for the other smooth ones (logistic);
     * features: ``'newton'`` for smooth losses.
 
-    Losses with a linear conjugate (hinge, absolute, pinball, epsilon-insensitive) stay with
-    ``'dbcd_tr'``: on them the Newton engines (with smoothing continuation) converge, but were measured to
-    identify the many points at their bounds too slowly to be the default (see docs/math.rst).
+    With random features the losses with a linear conjugate (hinge, absolute, pinball,
+    epsilon-insensitive) stay with ``'dbcd_tr'``: the feature Newton engine's smoothing continuation was
+    measured to identify the many points at their bounds too slowly to be the default (docs/math.rst).
     """
     _ensure_builtin()
     if name != "auto":
@@ -103,8 +122,11 @@ def resolve_solver(name: str, mode: str, n: int, itemsize: int, loss=None, max_m
     kinked = loss is not None and _needs_smoothing(loss)
     if mode == "exact":
         budget = DEFAULT_EXACT_MEMORY if max_memory is None else int(max_memory)
-        fits = 2 * n * n * itemsize <= budget
-        return "newton" if fits and not kinked else "dbcd_tr"
+        if 2 * n * n * itemsize > budget:
+            return "dbcd_tr"
+        if loss is None or getattr(loss, "quadratic", False):
+            return "active_set"
+        return "dbcd_tr" if kinked else "newton"
     return "dbcd_tr" if kinked else "newton"
 
 
@@ -118,14 +140,14 @@ def _needs_smoothing(loss) -> bool:
 def default_max_iter(solver: str, n: int, block_size: int) -> int:
     """Default budget of outer iterations: Newton steps for 'newton', ``DBCD_EPOCHS`` passes over the
     blocks (at least 200 block iterations) for 'dbcd_tr'."""
-    if solver == "newton":
+    if solver in ("newton", "active_set"):
         return NEWTON_MAX_ITER
     return max(200, DBCD_EPOCHS * math.ceil(n / max(1, block_size)))
 
 
 def _ensure_builtin() -> None:
     """Import the built-in engines' modules, which register themselves (once; imports are cached)."""
-    from . import newton_exact, primal_newton, solver  # noqa: F401
+    from . import active_set, newton_exact, primal_newton, solver  # noqa: F401
 
 
 class _Interrupt:

@@ -37,7 +37,7 @@ from .data import BlockData, resolve_device, resolve_dtype
 from .features import ConcatFeatureMap, FeatureMap, make_feature_map
 from .kernels import Kernel, StationaryKernel, SumKernel, make_kernel, median_heuristic
 from .losses import Loss, get_loss
-from .engines import default_max_iter, resolve_solver
+from .engines import default_max_iter, resolve_solver, supports_intercept
 from .memory import parse_memory
 from .model import KernelModel, default_block_size, fit_dual
 from .operators import ExactOperator, FeatureOperator
@@ -454,7 +454,15 @@ class _JokerBase(BaseEstimator):
         Xt = torch.from_numpy(np.array(Xk, copy=True, order="C"))
         data = BlockData(Xt, self.dtype_, self.device_)
         Yt = torch.as_tensor(Yk)
-        if self.fit_intercept:
+        mode = "exact" if self.feature_map_ is None else "features"
+        if self.fit_intercept and supports_intercept(self.solver_, mode):
+            model = fit_dual(data, Yt, loss=loss, c=c, kernel=self.kernel_, feature_map=self.feature_map_,
+                             options=opts, dtype=self.dtype_, device=self.device_, alpha0=alpha0,
+                             max_memory=self.max_memory, solver=self.solver_, intercept=True)
+            res = model.result
+            n_iter, rounds = res.n_iter, 1
+            intercept = res.state["intercept"].double().cpu().numpy()
+        elif self.fit_intercept:
             model, intercept, res, n_iter, rounds = self._fit_with_intercept(data, Yt, loss, c, opts, alpha0, b0)
         else:
             resume = None

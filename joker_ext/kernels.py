@@ -214,18 +214,23 @@ class StationaryKernel(Kernel):
         mean = B.mean(dim=0, keepdim=True) if B.shape[0] > 0 else 0.0
         A = A - mean
         B = B - mean
-        sq = (A * A).sum(1, keepdim=True) + (B * B).sum(1).unsqueeze(0) - 2.0 * (A @ B.T)
+        # in place on the product: one n1 x n2 allocation (large blocks are memory-bound)
+        sq = (A @ B.T).mul_(-2.0).add_((A * A).sum(1, keepdim=True)).add_((B * B).sum(1).unsqueeze(0))
         sq.clamp_(min=0.0)
         if self.family == "gaussian":
             return sq
-        return sq.sqrt()
+        return sq.sqrt_()
 
     # ------------------------------------------------------------------ Kernel API
     def __call__(self, X1: torch.Tensor, X2: torch.Tensor) -> torch.Tensor:
         """Dense block ``K(X1, X2)`` in the dtype and on the device of ``X1``."""
-        K = self.profile(self.scaled_distance(X1, X2))
+        r = self.scaled_distance(X1, X2)
+        if self.family == "gaussian":
+            K = r.mul_(-0.5).exp_()  # the profile, in place on the fresh distance block
+        else:
+            K = self.profile(r)
         if self.outputscale != 1.0:
-            K = K * self.outputscale
+            K.mul_(self.outputscale)
         return K
 
     def diag(self, X: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ from .data import BlockData, as_block_data
 from .features import FeatureMap
 from .kernels import Kernel
 from .losses import Loss
-from .engines import default_max_iter as default_engine_iter, get_solver, resolve_solver
+from .engines import default_max_iter as default_engine_iter, get_solver, resolve_solver, supports_intercept
 from .memory import parse_memory, plan_blocks
 from .operators import ExactOperator, FeatureOperator
 from .solver import SolverOptions, SolverResult
@@ -108,6 +108,7 @@ def fit_dual(
     max_memory=None,
     block_model: str = "auto",
     solver: str = "auto",
+    intercept: bool = False,
 ) -> KernelModel:
     """Train the model with the chosen engine and return a :class:`KernelModel`.
 
@@ -139,6 +140,9 @@ def fit_dual(
         The engine (:mod:`joker_ext.engines`): 'auto', 'newton' or 'dbcd_tr' (or a registered one).
         ``options.max_iter`` counts that engine's outer iterations. The chosen name is stored in
         ``model.extra['solver']``.
+    intercept : bool
+        Fit an unregularized intercept per target inside the engine (engines registered with
+        ``intercept=True``, e.g. 'active_set'); it is returned as ``model.result.state['intercept']``.
     block_model : {'auto', 'exact', 'gram', 'kernel', 'products'}
         DBCD-TR in feature mode only: the block matrix of the trust-region model (see
         :class:`joker_ext.operators.FeatureOperator`). All choices solve the same random-feature
@@ -182,6 +186,11 @@ def fit_dual(
     name = resolve_solver(solver, op.mode, data.n, torch.finfo(dtype).bits // 8, loss,
                           None if max_memory is None else parse_memory(max_memory))
     engine = get_solver(name, op.mode)
+    if intercept:
+        if not supports_intercept(name, op.mode):
+            raise ValueError(f"intercept=True needs an engine that fits the intercept itself; solver {name!r} "
+                             f"({op.mode} mode) does not (those that do: 'active_set' for exact kernels)")
+        kw["intercept"] = True
     if opts.max_iter is None:
         opts = replace(opts, max_iter=default_engine_iter(name, data.n, opts.block_size))
     if max_memory is not None and name == "dbcd_tr":
@@ -199,6 +208,8 @@ def fit_dual(
                      snapshot_every=None if snapshot is None else snapshot.every, **kw)
         if res.status != "out_of_memory":
             break
+        if intercept:
+            raise MemoryError(f"solver {name!r} ran out of memory; pass a smaller max_memory (or random features)")
         if name != "dbcd_tr":
             warnings.warn(f"solver {name!r} ran out of memory; continuing with 'dbcd_tr' from its last iterate",
                           RuntimeWarning, stacklevel=2)

@@ -26,8 +26,9 @@ def make_binary(n=120, d=3, seed=0):
 PARAMS = dict(delta=0.4, epsilon=0.15, quantile=0.3)
 
 
-def cvxpy_primal(loss_name, K, y, c):
-    """min_theta 1/2 ||theta||^2 + sum_i c_i l(y_i, (L theta)_i), K = L L^T (independent of joker_ext).
+def cvxpy_primal(loss_name, K, y, c, intercept=False):
+    """min_theta 1/2 ||theta||^2 + sum_i c_i l(y_i, (L theta)_i [+ b]), K = L L^T (independent of joker_ext);
+    with ``intercept`` the unregularized ``b`` is a variable too.
 
     The optimal value is that of the kernel problem with kernel matrix K, whatever the factor: for
     random features, ``K = Phi Phi^T`` gives the primal ``min_w 1/2 ||w||^2 + sum_i c_i l(y_i, (Phi w)_i)``.
@@ -37,7 +38,7 @@ def cvxpy_primal(loss_name, K, y, c):
     lam, Q = np.linalg.eigh(K)
     L = Q * np.sqrt(np.clip(lam, 0, None))
     th = cp.Variable(K.shape[0])
-    f = L @ th
+    f = L @ th + (cp.Variable() if intercept else 0.0)
     r = y - f
     m = cp.multiply(y, f)
     d, e, q = PARAMS["delta"], PARAMS["epsilon"], PARAMS["quantile"]

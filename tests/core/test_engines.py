@@ -136,9 +136,86 @@ def test_smoothed_dual_of_a_user_infimal_convolution_uses_the_generic_path():
                                    atol=1e-10)
 
 
+QUADRATIC_CONJ = ["squared", "huber", "squared_hinge"] + KINKED
+
+
+@pytest.mark.parametrize("intercept", [False, True])
+@pytest.mark.parametrize("name", QUADRATIC_CONJ)
+def test_active_set_reaches_the_cvxpy_optimum(name, intercept):
+    pytest.importorskip("cvxpy")
+    loss, X, y = _problem(name, n=160, seed=4)
+    kernel = GaussianKernel(1.0)
+    c = torch.full((len(y),), 3.0, dtype=F64)
+    m = fit_dual(torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1), loss=loss, c=c, kernel=kernel,
+                 options=SolverOptions(max_iter=100, tol=1e-10), solver="active_set", intercept=intercept)
+    res = m.result
+    assert res.status == "converged" and res.rel_gap <= 1e-10
+    K = kernel(torch.as_tensor(X), torch.as_tensor(X)).numpy()
+    assert res.primal == pytest.approx(cvxpy_primal(name, K, y, c.numpy(), intercept=intercept), rel=1e-6)
+    lo, hi = loss.box(torch.as_tensor(y).reshape(-1, 1), c.reshape(-1, 1))
+    assert bool(((m.alpha >= lo) & (m.alpha <= hi)).all())  # dual feasible
+    if intercept:  # the intercept's constraint, and b is the multiplier: the primal at (K alpha + b) is optimal
+        assert abs(float(m.alpha.sum())) <= 1e-9 * float(m.alpha.abs().sum())
+        f = torch.as_tensor(K) @ m.alpha + res.state["intercept"]
+        primal = 0.5 * float((m.alpha * (f - res.state["intercept"])).sum()) + \
+            float((c.reshape(-1, 1) * loss.value(torch.as_tensor(y).reshape(-1, 1), f)).sum())
+        assert primal == pytest.approx(res.primal, rel=1e-12)
+
+
+@pytest.mark.parametrize("C", [1.0, 50.0])
+def test_active_set_hinge_with_intercept_is_libsvm_svc(C):
+    """Beyond BASE_ROWS rows (the coarse start runs): the SVC of LIBSVM, solved to a tight tolerance."""
+    from sklearn.svm import SVC
+
+    X, y = make_binary(n=1500, d=4, seed=7)
+    sigma = 1.5
+    svc = SVC(C=C, gamma=1.0 / (2 * sigma ** 2), tol=1e-8).fit(X, y)
+    m = fit_dual(torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1), loss=get_loss("hinge"),
+                 c=torch.full((len(y),), C, dtype=F64), kernel=GaussianKernel(sigma),
+                 options=SolverOptions(tol=1e-12), solver="active_set", intercept=True)
+    assert m.result.status == "converged" and m.result.rel_gap <= 1e-12
+    # the primal is strongly convex in f: the decision functions agree, and ours is at least as good
+    K = GaussianKernel(sigma)(torch.as_tensor(X), torch.as_tensor(X)).numpy()
+    a_ref = np.zeros(len(y))
+    a_ref[svc.support_] = svc.dual_coef_[0]
+    f_ref = K @ a_ref + svc.intercept_[0]
+    f = K @ m.alpha[:, 0].numpy() + float(m.result.state["intercept"][0])
+    np.testing.assert_allclose(f, f_ref, atol=2e-3 * np.abs(f_ref).max())
+
+    def primal(a, f):
+        return 0.5 * a @ K @ a + C * np.maximum(0.0, 1.0 - y * f).sum()
+
+    assert primal(m.alpha[:, 0].numpy(), f) <= primal(a_ref, f_ref) * (1 + 1e-9)
+
+
+def test_active_set_several_targets_equal_separate_fits():
+    loss, X, y = _problem("epsilon_insensitive", n=200, seed=2)
+    Y = np.stack([y, -2 * y + 1], axis=1)
+    kw = dict(loss=loss, c=torch.full((200,), 2.0, dtype=F64), kernel=GaussianKernel(1.0),
+              options=SolverOptions(tol=1e-12), solver="active_set", intercept=True)
+    both = fit_dual(torch.as_tensor(X), torch.as_tensor(Y), **kw)
+    for t in range(2):
+        one = fit_dual(torch.as_tensor(X), torch.as_tensor(Y[:, t:t + 1]), **kw)
+        np.testing.assert_allclose(both.alpha[:, t].numpy(), one.alpha[:, 0].numpy(), atol=1e-8)
+        assert float(both.result.state["intercept"][t]) == pytest.approx(float(one.result.state["intercept"][0]),
+                                                                          abs=1e-8)
+
+
+def test_intercept_needs_an_engine_that_fits_it():
+    loss, X, y = _problem("hinge", n=50)
+    with pytest.raises(ValueError, match="intercept=True needs an engine"):
+        fit_dual(torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1), loss=loss,
+                 c=torch.ones(50, dtype=F64), kernel=GaussianKernel(1.0), solver="dbcd_tr", intercept=True)
+    with pytest.raises(ValueError, match="quadratic or linear conjugate"):
+        fit_dual(torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1), loss=get_loss("logistic"),
+                 c=torch.ones(50, dtype=F64), kernel=GaussianKernel(1.0), solver="active_set")
+
+
 def test_auto_policy_and_registry():
     sq, hinge = get_loss("squared"), get_loss("hinge")
-    assert resolve_solver("auto", "exact", 1000, 8, sq) == "newton"
+    assert resolve_solver("auto", "exact", 1000, 8, sq) == "active_set"
+    assert resolve_solver("auto", "exact", 1000, 8, hinge) == "active_set"
+    assert resolve_solver("auto", "exact", 1000, 8, get_loss("logistic")) == "newton"
     assert resolve_solver("auto", "exact", 10**6, 8, sq) == "dbcd_tr"  # K does not fit the default budget
     assert resolve_solver("auto", "exact", 1000, 8, sq, max_memory=1000) == "dbcd_tr"
     assert resolve_solver("auto", "features", 10**7, 4, get_loss("logistic")) == "newton"

@@ -1,0 +1,447 @@
+"""Primal-dual active-set engine (``solver='active_set'``) for exact kernels and losses whose conjugate is
+quadratic or linear on its box: squared, Huber, epsilon-insensitive, absolute, pinball, hinge, squared hinge
+(and their scaled versions and infimal convolutions).
+
+Problem, per target column (``K`` the n x n kernel matrix, ``psi'(a) = p0 + h a`` with constant ``h >= 0``)::
+
+    min_alpha  1/2 alpha^T K alpha + sum_i [-alpha_i y_i + p0_i alpha_i + h_i alpha_i^2 / 2 + kink |alpha_i|]
+    s.t.       lo_i <= alpha_i <= hi_i            (and sum_i alpha_i = 0 with an intercept)
+
+The intercept ``b`` of ``f(x) = sum_i alpha_i k(x_i, x) + b`` is the multiplier of the equality constraint.
+
+**Proximal point outer loop.** Round ``k`` solves the problem plus ``sum_i s_i / 2 (alpha_i - abar_i)^2`` with
+``s_i = sigma_k / c_i`` and the centre ``abar`` the previous round's solution (Rockafellar's proximal point
+method; with the equality constraint, the proximal method of multipliers). The term keeps the free block
+``K_II + diag(h_I + s_I)`` positive definite where ``h = 0`` (hinge, absolute, pinball, epsilon-insensitive:
+``K_II`` alone is numerically singular), and, being centred on the last solution, it does not move the
+fixed point: every round's solution is feasible, its duality gap on the *original* problem is the
+certificate, and ``sigma`` shrinks 100-fold per round, so a few rounds reach the rounding floor.
+
+**Active-set inner loop** (Hintermueller, Ito and Kunisch's primal-dual active set method, a semismooth
+Newton method on the prox-gradient fixed point). From the gradient ``g = K a + (h + s) a - r + b``
+(``r = y - p0 + s abar``) and the prox-gradient point ``z = a - g / (diag K + h + s)`` each coordinate is
+predicted to sit at ``lo``, at ``hi``, at the kink 0, or free on one side of it; the free set ``I`` then solves
+
+    (K_II + diag(h_I + s_I)) a_I + b 1 = r_I - kink sign_I - K_IA a_A,     1^T a_I = -1^T a_A
+
+(one Cholesky factorisation of the free block, the border for the intercept). When a prediction repeats
+the previous one the round's problem is solved exactly. Should the sets not settle within
+``MAX_INNER`` steps, ``sigma`` grows (a more diagonal problem, on which the method converges) and the
+round restarts from its centre.
+
+**Start.** Large problems start from the solution on a random quarter of the rows (with ``C`` scaled by 4,
+recursively down to ``BASE_ROWS`` rows): its predictions on all rows give the first active sets, so the
+first factorisation is of the few points near the loss's kinks rather than of every row.
+
+Cost: the kernel matrix (``n^2`` numbers, computed once), a product with the columns of the coordinates
+that moved per step, and a Cholesky factorisation of the free block (``|I|^3 / 3``); typically a handful of
+steps per round and three to five rounds. Memory: ``K`` plus the free block.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+
+from .engines import Monitor, register_solver, sigint_as_flag
+from .losses import Loss
+from .memory import is_out_of_memory
+from .newton_exact import cholesky_shifted
+from .solver import SolverOptions, SolverResult
+
+__all__ = ["active_set", "supports_active_set"]
+
+#: Active-set steps per proximal round before sigma grows.
+MAX_INNER = 15
+#: From this step of a round on, fewer coordinates may change their set at each step (halving).
+DAMP_AFTER = 4
+#: Below this many rows the first active sets come from a plain start (every coordinate free).
+BASE_ROWS = 1024
+#: First proximal weight (times ``mean(diag K) c_i``), its smallest value, and the adaptive rule.
+SIGMA_START = 1e-1
+SIGMA_FLOOR = 1e-13
+
+
+def next_sigma(sigma: float, steps: Optional[int], floor: float) -> float:
+    """The proximal weight of the next round: much smaller after a round whose sets settled at once,
+    smaller after one that settled, larger (10x) after one that did not settle."""
+    if steps is None:
+        return sigma * 10.0
+    if steps <= 3:
+        return max(floor, sigma / 100.0)
+    if steps <= MAX_INNER // 2:
+        return max(floor, sigma / 10.0)
+    return sigma
+
+FREE, LOWER, UPPER, ZERO = 0, 1, 2, 3
+
+
+def supports_active_set(loss: Loss) -> bool:
+    """True when the loss's conjugate is quadratic or linear on its box (``loss.quadratic``)."""
+    return bool(getattr(loss, "quadratic", False))
+
+
+class _Column:
+    """One target column: the box QP's data and the active-set iteration on it."""
+
+    def __init__(self, K, diagK, loss: Loss, y, c, intercept: bool):
+        self.K, self.diagK, self.y, self.c = K, diagK, y, c
+        self.kink = float(loss.kink)
+        zero = torch.zeros_like(y)
+        self.p0 = loss.psi_grad(zero, y, c)
+        self.h = loss.psi_hess(zero, y, c)
+        self.lo, self.hi = loss.box(y, c)
+        self.intercept = intercept
+        self.scale = float(diagK.mean()) if diagK.numel() else 1.0
+
+    # ------------------------------------------------------------------ one active-set step
+    def predict(self, a, f, b: float, s, abar):
+        """Sets and fixed values predicted from the prox-gradient point at ``(a, b)``."""
+        g = f + (self.h + s) * a - (self.y - self.p0 + s * abar) + b
+        d = self.diagK + self.h + s
+        z = a - g / d
+        t = self.kink / d
+        sgn = torch.where(z > t, torch.ones_like(z), torch.where(z < -t, -torch.ones_like(z), torch.zeros_like(z)))
+        target = torch.minimum(torch.maximum(z - t * sgn, self.lo), self.hi)
+        code = torch.full_like(z, FREE, dtype=torch.int8)
+        code = torch.where(target <= self.lo, torch.full_like(code, LOWER), code)
+        code = torch.where(target >= self.hi, torch.full_like(code, UPPER), code)
+        if self.kink:
+            code = torch.where(sgn == 0, torch.full_like(code, ZERO), code)
+        value = torch.where(code == LOWER, self.lo, torch.where(code == UPPER, self.hi, torch.zeros_like(z)))
+        return code, sgn, value
+
+    def solve(self, code, sgn, value, s, abar) -> Tuple[torch.Tensor, float]:
+        """The point with the fixed coordinates at ``value`` and the free ones (and b) solving the KKT system."""
+        free = torch.nonzero(code == FREE).reshape(-1)
+        a = torch.where(code == FREE, torch.zeros_like(value), value)
+        fixed_sum = float(a.sum())
+        if free.numel() == 0:
+            return a, self._intercept_without_free(a, s, abar) if self.intercept else 0.0
+        K_I = self.K.index_select(0, free)
+        rhs = (self.y - self.p0 + s * abar)[free] - self.kink * sgn[free] - K_I @ a
+        H = K_I.index_select(1, free)
+        del K_I
+        H.diagonal().add_((self.h + s)[free])
+        L = cholesky_shifted(H)
+        del H
+        if self.intercept:
+            sol = torch.cholesky_solve(torch.stack([rhs, torch.ones_like(rhs)], dim=1), L)
+            b = float((sol[:, 0].sum() + fixed_sum) / sol[:, 1].sum())
+            a[free] = sol[:, 0] - b * sol[:, 1]
+            return a, b
+        a[free] = torch.cholesky_solve(rhs.unsqueeze(1), L).squeeze(1)
+        return a, 0.0
+
+    def _intercept_without_free(self, a, s, abar) -> float:
+        """With every coordinate fixed, ``b`` is any value keeping each fixed coordinate's multiplier of the
+        right sign: the middle of that interval (clipped when the prediction is not yet consistent)."""
+        g0 = self.K @ a + (self.h + s) * a - (self.y - self.p0 + s * abar)
+        lower = torch.cat([(-g0 - self.kink)[a <= self.lo], (-g0 - self.kink)[(a == 0) & (self.lo < 0)]])
+        upper = torch.cat([(-g0 + self.kink)[a >= self.hi], (-g0 + self.kink)[(a == 0) & (self.hi > 0)]])
+        lo_b = float(lower.max()) if lower.numel() else -math.inf
+        hi_b = float(upper.min()) if upper.numel() else math.inf
+        if math.isinf(lo_b) and math.isinf(hi_b):
+            return 0.0
+        if math.isinf(lo_b) or math.isinf(hi_b):
+            return hi_b if math.isinf(lo_b) else lo_b
+        return 0.5 * (lo_b + hi_b)
+
+    def round(self, a, f, b: float, abar, s, code=None, sgn=None, value=None):
+        """Solve one proximal round exactly. Returns ``(a, f, b, steps, sets)`` or None when the sets do not
+        settle."""
+        seen = []
+        for step in range(1, MAX_INNER + 1):
+            if code is None:
+                code, sgn, value = self.predict(a, f, b, s, abar)
+            a_new, b = self.solve(code, sgn, value, s, abar)
+            f = f + self.product(a_new - a)
+            a = a_new
+            new_code, new_sgn, new_value = self.predict(a, f, b, s, abar)
+            changed = (new_code != code) | (new_sgn != sgn)
+            if not bool(changed.any()):
+                return a, f, b, step, (code, sgn, value)
+            if step >= DAMP_AFTER:  # damped: only the largest violations change sets
+                new_code, new_sgn, new_value = self._damped(changed, code, sgn, value, new_code, new_sgn, new_value,
+                                                            a, keep=max(8, int(changed.sum()) >> (step - DAMP_AFTER + 1)))
+            seen.append((code, sgn))
+            if any(torch.equal(new_code, c) and torch.equal(new_sgn, g) for c, g in seen[:-1]):
+                return None  # the sets cycle
+            code, sgn, value = new_code, new_sgn, new_value
+        return None
+
+    @staticmethod
+    def _damped(changed, code, sgn, value, new_code, new_sgn, new_value, a, keep: int):
+        """The new sets, except that only the ``keep`` changed coordinates with the largest predicted moves
+        ``|new_value - a|`` (free coordinates: the change of class) change; the others keep their class."""
+        idx = torch.nonzero(changed).reshape(-1)
+        if idx.numel() <= keep:
+            return new_code, new_sgn, new_value
+        move = (new_value - a).abs()[idx] + (new_code[idx] == FREE).to(a.dtype) * a.abs()[idx]
+        stay = idx[torch.argsort(move, descending=True)[keep:]]
+        new_code, new_sgn, new_value = new_code.clone(), new_sgn.clone(), new_value.clone()
+        new_code[stay], new_sgn[stay], new_value[stay] = code[stay], sgn[stay], value[stay]
+        return new_code, new_sgn, new_value
+
+    def product(self, delta: torch.Tensor) -> torch.Tensor:
+        """``K delta``: through the columns of the nonzero entries when they are few, else one product."""
+        moved = torch.nonzero(delta).reshape(-1)
+        if moved.numel() * 4 >= delta.numel():
+            return self.K @ delta
+        return self.K.index_select(0, moved).T @ delta[moved]
+
+    # ------------------------------------------------------------------ monotone fallback
+    def objective(self, a, f, s, abar) -> float:
+        """The round's objective ``1/2 a^T K a + sum g(a) + sum s/2 (a - abar)^2`` (up to a constant)."""
+        smooth = (-(self.y - self.p0) + 0.5 * self.h * a) * a
+        return float((0.5 * a * f + smooth + self.kink * a.abs() + 0.5 * s * (a - abar) ** 2).sum())
+
+    def project(self, v, lo, hi):
+        """Projection on the box ``[lo, hi]`` and, with an intercept, the hyperplane ``sum a = 0``:
+        ``clip(v - mu)`` with the shift ``mu`` found by bisection (the sum is monotone in ``mu``)."""
+        if not self.intercept:
+            return torch.minimum(torch.maximum(v, lo), hi)
+        left, right = float((v - hi).min()), float((v - lo).max())
+        for _ in range(64):
+            mu = 0.5 * (left + right)
+            if float(torch.minimum(torch.maximum(v - mu, lo), hi).sum()) > 0:
+                left = mu
+            else:
+                right = mu
+        return torch.minimum(torch.maximum(v - 0.5 * (left + right), lo), hi)
+
+    def newton_round(self, a, f, s, abar, steps: int = 30):
+        """Projected Newton (Bertsekas) on the round's problem: a monotone descent that always makes progress,
+        for rounds whose active sets cycle. Returns ``(a, f, b)`` after ``steps`` steps or at a stationary
+        point."""
+        from .solver import orthant_box
+
+        def gradient(a, f):
+            grad = f + (self.h + s) * a - (self.y - self.p0 + s * abar)
+            grad, lo, hi = orthant_box(self.kink, a, grad, self.lo, self.hi)
+            b = 0.0
+            inside = (a > lo) & (a < hi)
+            if self.intercept and bool(inside.any()):  # the multiplier fitting the free coordinates best
+                b = -float((grad / d_all)[inside].sum() / (1.0 / d_all)[inside].sum())
+            return grad, lo, hi, b
+
+        d_all = self.diagK + self.h + s
+        for _ in range(steps):
+            grad, lo, hi, b = gradient(a, f)
+            g = grad + b
+            pg = a - self.project(a - g / d_all, lo, hi)
+            eps = min(1e-3 * self.scale, float(pg.abs().max()))
+            if float(pg.abs().max()) <= 1e-15 * max(1.0, float(a.abs().max())):
+                break
+            fixed = ((a <= lo + eps) & (g > 0)) | ((a >= hi - eps) & (g < 0))
+            d = torch.where(fixed, -g / d_all, torch.zeros_like(a))
+            free = torch.nonzero(~fixed).reshape(-1)
+            if free.numel():
+                H = self.K.index_select(0, free).index_select(1, free)
+                H.diagonal().add_((self.h + s)[free])
+                L = cholesky_shifted(H)
+                del H
+                if self.intercept:
+                    sol = torch.cholesky_solve(torch.stack([-g[free], torch.ones_like(g[free])], 1), L)
+                    beta = float(sol[:, 0].sum() / sol[:, 1].sum())
+                    d[free] = sol[:, 0] - beta * sol[:, 1]
+                else:
+                    d[free] = torch.cholesky_solve(-g[free].unsqueeze(1), L).squeeze(1)
+            phi0, t = self.objective(a, f, s, abar), 1.0
+            for _ in range(30):
+                a_t = self.project(a + t * d, lo, hi)
+                f_t = f + self.product(a_t - a)
+                if self.objective(a_t, f_t, s, abar) < phi0:
+                    a, f = a_t, f_t
+                    break
+                t *= 0.5
+            else:
+                break
+        return a, f, gradient(a, f)[3]
+
+    def initial_sets(self, F):
+        """Sets read off predictions ``F`` (intercept included): the minimiser of ``a F + g(a)`` with a little
+        smoothing, so the points near a kink start free."""
+        band = 0.05 * max(float(self.y.abs().mean()), 1e-12)
+        a, _ = _SetLoss(self).smoothed_dual(F, band)
+        code = torch.full_like(a, FREE, dtype=torch.int8)
+        code = torch.where(a <= self.lo, torch.full_like(code, LOWER), code)
+        code = torch.where(a >= self.hi, torch.full_like(code, UPPER), code)
+        sgn = torch.sign(a)
+        if self.kink:
+            code = torch.where(a == 0, torch.full_like(code, ZERO), code)
+        else:
+            sgn = torch.where(sgn == 0, torch.ones_like(sgn), sgn)
+        value = torch.where(code == LOWER, self.lo, torch.where(code == UPPER, self.hi, torch.zeros_like(a)))
+        return code, sgn, value
+
+
+class _SetLoss:
+    """The closed-form ``argmin_{a in box} a F + g(a) + band a^2 / (2 c)`` of a column's box QP."""
+
+    def __init__(self, col: _Column):
+        self.col = col
+
+    def smoothed_dual(self, F, band: float):
+        col = self.col
+        denom = col.h + band / col.c
+        r = col.y - F - col.p0
+        k = col.kink
+        a = torch.where(r - k > 0, (r - k) / denom, torch.where(r + k < 0, (r + k) / denom, torch.zeros_like(r)))
+        return torch.minimum(torch.maximum(a, col.lo), col.hi), denom
+
+
+def _coarse_start(K, diagK, loss: Loss, y, c, intercept: bool, generator: torch.Generator):
+    """Predictions ``F`` on every row from the solution on a random quarter of them (C scaled by 4)."""
+    n = y.numel()
+    m = max(BASE_ROWS, n // 4)
+    idx = torch.randperm(n, generator=generator)[:m].to(K.device)
+    Ks = K.index_select(0, idx).index_select(1, idx)
+    col = _Column(Ks, diagK[idx], loss, y[idx], c[idx] * (n / m), intercept)
+    a, f, b = _solve_column(col, None, _coarse_start_for(col, loss, intercept, generator), rounds=2)
+    return K.index_select(1, idx) @ a + b
+
+
+def _coarse_start_for(col: _Column, loss: Loss, intercept: bool, generator):
+    if col.y.numel() <= BASE_ROWS:
+        return None
+    return _coarse_start(col.K, col.diagK, loss, col.y, col.c, intercept, generator)
+
+
+def _solve_column(col: _Column, a0: Optional[torch.Tensor], F0: Optional[torch.Tensor], *, rounds: int):
+    """A few proximal rounds from ``a0`` (or from the sets predicted by ``F0``): ``(a, f, b)``."""
+    a = torch.zeros_like(col.y) if a0 is None else a0.clone()
+    f = col.K @ a
+    b, sigma = 0.0, SIGMA_START * col.scale
+    sets = None if F0 is None else col.initial_sets(F0)
+    done = 0
+    while done < rounds:
+        out = col.round(a, f, b, a, sigma / col.c, *(sets or (None, None, None)))
+        sigma = next_sigma(sigma, None if out is None else out[3], SIGMA_FLOOR * col.scale)
+        if out is not None:
+            a, f, b, _, sets = out
+            done += 1
+    return a, f, b
+
+
+def active_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: Optional[SolverOptions] = None,
+               *, alpha0: Optional[torch.Tensor] = None, state0=None, start_iter: int = 0, callback=None,
+               validation=None, snapshot=None, snapshot_every=None, intercept: bool = False,
+               **_resume) -> SolverResult:
+    """Minimise the dual by proximal rounds of primal-dual active-set steps (see the module docstring).
+
+    Parameters
+    ----------
+    operator : ExactOperator
+        Gives the kernel matrix (:meth:`~joker_ext.operators.ExactOperator.gram`).
+    Y : Tensor (n, T)
+    loss : Loss
+        With ``loss.quadratic`` (a conjugate that is quadratic or linear on its box).
+    c : Tensor (n,)
+        ``c_i = C w_i > 0``.
+    options : SolverOptions
+        ``max_iter`` proximal rounds, ``tol`` on the relative duality gap, ``max_time``, ``seed`` (the
+        row sample of the start).
+    alpha0 : Tensor (n, T), optional
+        Warm start (projected on the box); ``state0`` may carry the intercept of an earlier fit.
+    intercept : bool
+        Fit an unregularized intercept per column (the constraint ``sum_i alpha_i = 0``); the result's
+        ``state['intercept']`` holds it.
+    callback, validation, snapshot, snapshot_every :
+        As in :func:`joker_ext.solver.dbcd_tr`, once per proximal round.
+    """
+    if operator.mode != "exact":
+        raise ValueError(f"active_set needs an exact kernel operator, got mode {operator.mode!r}")
+    if not supports_active_set(loss):
+        raise ValueError(f"solver 'active_set' needs a loss with a quadratic or linear conjugate; {loss!r} has "
+                         "none: use solver='newton'")
+    opts = options or SolverOptions()
+    n, T = Y.shape
+    dtype, device = Y.dtype, Y.device
+    c_col = c.reshape(n).to(dtype=dtype, device=device)
+    loss.check_targets(Y)
+    lo_all, hi_all = loss.box(Y, c_col.reshape(n, 1))
+    alpha = torch.zeros(n, T, dtype=dtype, device=device) if alpha0 is None else \
+        torch.minimum(torch.maximum(alpha0.to(dtype=dtype, device=device).reshape(n, T), lo_all), hi_all)
+    b_all = torch.zeros(T, dtype=dtype, device=device)
+    if intercept and state0 is not None and "intercept" in state0:
+        b_all = state0["intercept"].to(dtype=dtype, device=device).reshape(T).clone()
+    mon = Monitor(opts, callback=callback, validation=validation, snapshot=snapshot, snapshot_every=snapshot_every,
+                  dtype=dtype)
+    generator = torch.Generator().manual_seed(int(opts.seed) if opts.seed is not None else 0)
+    state = {"f": torch.zeros_like(alpha)}
+    if intercept:
+        state["intercept"] = b_all
+    status, it, rec = "max_iter", start_iter, None
+    with sigint_as_flag(opts.handle_sigint) as sig:
+        try:
+            K = operator.gram()
+            diagK = K.diagonal().clone()
+            columns = [_Column(K, diagK, loss.column(t), Y[:, t], c_col, intercept) for t in range(T)]
+            F = K @ alpha
+            # no proximal term where the conjugate is strongly convex already (squared, Huber, squared hinge)
+            sigma = [0.0 if bool((col.h > 0).all()) else SIGMA_START * col.scale for col in columns]
+            sets = [None] * T  # each column's last settled sets (first: from the coarse start)
+            failed = [False] * T  # whether the column's last round cycled
+            if alpha0 is None:
+                for t, col in enumerate(columns):
+                    if n > BASE_ROWS and bool(torch.isfinite(col.hi - col.lo).any()):  # sets to find
+                        F0 = _coarse_start(K, diagK, loss.column(t), Y[:, t], c_col, intercept, generator)
+                        sets[t] = col.initial_sets(F0)
+            rec = _certify(mon, loss, Y, F, alpha, b_all, c_col, it, state, sigma)
+            reason = "converged" if rec["rel_gap"] <= opts.tol else None
+            while reason is None and it < opts.max_iter:
+                for t, col in enumerate(columns):
+                    if rec["column_rel_gap"][t] <= opts.tol:
+                        continue
+                    a, f = alpha[:, t], F[:, t]
+                    out = col.round(a, f, float(b_all[t]), a.clone(), sigma[t] / c_col,
+                                    *(sets[t] or (None, None, None)))
+                    if out is None and not failed[t]:  # the sets cycle: a more diagonal round, same centre
+                        sigma[t], failed[t] = max(sigma[t] * 10.0, SIGMA_START * col.scale), True
+                        continue
+                    if out is None:  # cycling twice: a monotone projected-Newton solve of the round instead
+                        a_n, f_n, b_n = col.newton_round(a.clone(), f.clone(), sigma[t] / c_col, a.clone())
+                        alpha[:, t], F[:, t], b_all[t] = a_n, f_n, b_n
+                        sets[t] = col.predict(a_n, f_n, b_n, sigma[t] / c_col, a_n)
+                        failed[t] = False
+                        continue
+                    failed[t] = False
+                    sigma[t] = next_sigma(sigma[t], out[3], SIGMA_FLOOR * col.scale)
+                    alpha[:, t], F[:, t], b_all[t], _, sets[t] = out
+                it += 1
+                rec = _certify(mon, loss, Y, F, alpha, b_all, c_col, it, state, sigma)
+                reason = mon.stop_reason(rec, state, alpha, sig.flag)
+                if reason is None and all(s <= SIGMA_FLOOR * col.scale for s, col in zip(sigma, columns)) \
+                        and rec["rel_gap"] <= max(opts.tol, 1e3 * torch.finfo(dtype).eps):
+                    reason = "converged"  # at the smallest proximal weight the gap is at the rounding floor
+            status = reason or "max_iter"
+        except (RuntimeError, MemoryError) as exc:
+            if not is_out_of_memory(exc):
+                raise
+            status = "out_of_memory"
+    if rec is None:
+        rec = {"primal": math.nan, "dual": math.nan, "gap": math.nan, "rel_gap": math.inf}
+    return SolverResult(alpha=alpha, state=state, n_iter=it, status=status, primal=rec["primal"], dual=rec["dual"],
+                        gap=rec["gap"], rel_gap=rec["rel_gap"], radius=torch.ones(T, dtype=dtype, device=device),
+                        history=mon.history, rng_state=None)
+
+
+def _certify(mon: Monitor, loss: Loss, Y, F, alpha, b, c, iteration: int, state: dict, sigma) -> dict:
+    """Record the duality gap of the original problem at ``(K alpha + b, alpha)`` (alpha is feasible)."""
+    c_col = c.reshape(-1, 1)
+    quad = (alpha * F).sum(0)
+    pred = F + b
+    primal = 0.5 * quad + (c_col * loss.value(Y, pred)).sum(0)
+    dual = 0.5 * quad + loss.conj(alpha, Y, c_col).sum(0)
+    gap = loss.fenchel_young(Y, pred, alpha, c_col).sum(0) - b * alpha.sum(0)
+    rel = gap / torch.maximum(primal.abs(), dual.abs()).clamp_min(torch.finfo(F.dtype).tiny)
+    state["f"] = F
+    if "intercept" in state:
+        state["intercept"] = b
+    return mon.record(iteration, float(primal.sum()), float(dual.sum()), float(gap.sum()), state, alpha,
+                      column_rel_gap=rel.tolist(), proximal_weight=max(sigma))
+
+
+register_solver("active_set", "exact", active_set, intercept=True)
