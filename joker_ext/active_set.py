@@ -102,7 +102,10 @@ class _Column:
         d = self.diagK + self.h + s
         z = a - g / d
         t = self.kink / d
-        sgn = torch.where(z > t, torch.ones_like(z), torch.where(z < -t, -torch.ones_like(z), torch.zeros_like(z)))
+        if self.kink:
+            sgn = torch.where(z > t, torch.ones_like(z), torch.where(z < -t, -torch.ones_like(z), torch.zeros_like(z)))
+        else:  # no kink: the side of zero does not matter
+            sgn = torch.ones_like(z)
         target = torch.minimum(torch.maximum(z - t * sgn, self.lo), self.hi)
         code = torch.full_like(z, FREE, dtype=torch.int8)
         code = torch.where(target <= self.lo, torch.full_like(code, LOWER), code)
@@ -119,9 +122,10 @@ class _Column:
         fixed_sum = float(a.sum())
         if free.numel() == 0:
             return a, self._intercept_without_free(a, s, abar) if self.intercept else 0.0
-        K_I = self.K.index_select(0, free)
+        everything = free.numel() == a.numel()
+        K_I = self.K if everything else self.K.index_select(0, free)
         rhs = (self.y - self.p0 + s * abar)[free] - self.kink * sgn[free] - K_I @ a
-        H = K_I.index_select(1, free)
+        H = K_I.clone() if everything else K_I.index_select(1, free)
         del K_I
         H.diagonal().add_((self.h + s)[free])
         L = cholesky_shifted(H)

@@ -1,8 +1,9 @@
 """Side-by-side benchmark of the engines (``python -m comparisons.benchmarks.engines``).
 
-1. Exact kernels, float64: ``JokerRegressor(loss='squared')`` with ``solver='newton'`` and ``'dbcd_tr'``
-   against scikit-learn's KernelRidge with the same C and gamma (fit time ratio, relative gap, largest
-   prediction difference), and kernel logistic regression's relative gap and time.
+1. Exact kernels, float64, the default engine for every built-in loss: fit time, relative duality gap and
+   primal objective; against scikit-learn's matching estimator with the same C and gamma where there is one
+   (KernelRidge for squared, SVC for hinge, SVR for epsilon-insensitive; both with the intercept):
+   time ratio and the largest difference of the decision functions.
 2. JokerFalkon / JokerLogisticFalkon with Falkon's defaults against Falkon / LogisticFalkon on
    scikit-learn-generated problems (test error, fit time) at penalties 1e-6 and 1e-8, when Falkon is
    installed.
@@ -22,27 +23,44 @@ def _timed(fn):
     return out, time.perf_counter() - t
 
 
-def exact_rows(n: int, seed: int = 0) -> None:
+def exact_rows(n: int, seed: int = 0, C: float = 10.0) -> None:
+    """Exact kernels, float64, default engine ('auto') against scikit-learn's matching estimator."""
     from sklearn.datasets import make_classification, make_regression
     from sklearn.kernel_ridge import KernelRidge
+    from sklearn.svm import SVC, SVR
 
     from joker_ext import JokerClassifier, JokerRegressor
 
     X, y = make_regression(n_samples=n, n_features=8, noise=10.0, random_state=seed)
     X = (X - X.mean(0)) / X.std(0)
     y = (y - y.mean()) / y.std()
-    C, gamma = 10.0, 0.05
-    krr, t_krr = _timed(lambda: KernelRidge(alpha=1.0 / C, kernel="rbf", gamma=gamma).fit(X, y))
-    print(f"exact squared, n = {n}: KernelRidge {t_krr:.2f} s")
-    for solver in ("newton", "dbcd_tr"):
-        est = JokerRegressor(loss="squared", C=C, gamma=gamma, solver=solver, max_time=120)
-        est, t = _timed(lambda: est.fit(X, y))
-        diff = float(np.abs(est.predict(X) - krr.predict(X)).max())
-        print(f"  joker {solver:8s} {t:7.2f} s  time ratio {t / t_krr:6.2f}  rel gap {est.relative_gap_:.1e}  "
-              f"max |pred - KRR| {diff:.1e}")
-    Xc, yc = make_classification(n_samples=n, n_features=8, random_state=seed)
-    klr, t = _timed(lambda: JokerClassifier(loss="logistic", C=C, gamma=gamma, solver="newton").fit(Xc, yc))
-    print(f"exact logistic, n = {n}: newton {t:.2f} s, {klr.n_iter_} iterations, rel gap {klr.relative_gap_:.1e}")
+    Xc, yc = make_classification(n_samples=n, n_features=8, flip_y=0.05, random_state=seed)
+    Xc = (Xc - Xc.mean(0)) / Xc.std(0)
+    gamma = 0.05
+    print(f"exact kernels, n = {n}, C = {C}, gamma = {gamma}, float64 (time ratio = joker / scikit-learn)")
+    cases = [
+        ("squared", X, y, dict(loss="squared"), lambda: KernelRidge(alpha=1.0 / C, kernel="rbf", gamma=gamma)),
+        ("hinge + intercept", Xc, yc, dict(loss="hinge", fit_intercept=True), lambda: SVC(C=C, gamma=gamma)),
+        ("eps-insensitive + intercept", X, y, dict(loss="epsilon_insensitive", epsilon=0.1, fit_intercept=True),
+         lambda: SVR(C=C, gamma=gamma, epsilon=0.1)),
+        ("absolute + intercept", X, y, dict(loss="absolute", fit_intercept=True), None),
+        ("pinball 0.8 + intercept", X, y, dict(loss="pinball", quantile=0.8, fit_intercept=True), None),
+        ("huber + intercept", X, y, dict(loss="huber", delta=0.5, fit_intercept=True), None),
+        ("squared hinge", Xc, yc, dict(loss="squared_hinge"), None),
+        ("logistic", Xc, yc, dict(loss="logistic"), None),
+    ]
+    for name, Xs, ys, kw, make_ref in cases:
+        cls = JokerClassifier if kw["loss"] in ("hinge", "squared_hinge", "logistic") else JokerRegressor
+        est, t = _timed(lambda: cls(C=C, gamma=gamma, max_time=600, **kw).fit(Xs, ys))
+        line = (f"  {name:28s} joker {est.solver_:10s} {t:7.2f} s  rel gap {est.relative_gap_:.1e}  "
+                f"primal {est.primal_objective_:.10g}")
+        if make_ref is not None:
+            ref, t_ref = _timed(lambda: make_ref().fit(Xs, ys))
+            f_ref = ref.decision_function(Xs) if hasattr(ref, "decision_function") else ref.predict(Xs)
+            f = est.decision_function(Xs) if hasattr(est, "decision_function") else est.predict(Xs)
+            line += (f"  | scikit-learn {t_ref:6.2f} s  time ratio {t / t_ref:6.2f}  "
+                     f"max |f - f_sklearn| {float(np.abs(f - f_ref).max()):.1e}")
+        print(line, flush=True)
 
 
 def falkon_rows(n: int, M: int, seed: int = 0) -> None:
