@@ -425,11 +425,7 @@ def active_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: 
             if not is_out_of_memory(exc):
                 raise
             status = "out_of_memory"
-    if rec is None:
-        rec = {"primal": math.nan, "dual": math.nan, "gap": math.nan, "rel_gap": math.inf}
-    return SolverResult(alpha=alpha, state=state, n_iter=it, status=status, primal=rec["primal"], dual=rec["dual"],
-                        gap=rec["gap"], rel_gap=rec["rel_gap"], radius=torch.ones(T, dtype=dtype, device=device),
-                        history=mon.history, rng_state=None)
+    return mon.result(alpha, state, it, status, rec)
 
 
 def _certify(mon: Monitor, loss: Loss, Y, F, alpha, b, c, iteration: int, state: dict, sigma) -> dict:

@@ -232,6 +232,19 @@ class Monitor:
             return self._interrupted(it)
         return None
 
+    def result(self, alpha, state, n_iter: int, status: str, rec: Optional[dict]):
+        """The engine's :class:`~joker_ext.solver.SolverResult` from its last record (NaN gap when there is
+        none, e.g. out of memory before the first certificate)."""
+        from .solver import SolverResult
+
+        if rec is None:
+            rec = {"primal": math.nan, "dual": math.nan, "gap": math.nan, "rel_gap": math.inf}
+        T = alpha.shape[1]
+        return SolverResult(alpha=alpha, state=state, n_iter=n_iter, status=status, primal=rec["primal"],
+                            dual=rec["dual"], gap=rec["gap"], rel_gap=rec["rel_gap"],
+                            radius=torch.ones(T, dtype=alpha.dtype, device=alpha.device), history=self.history,
+                            rng_state=None)
+
     @staticmethod
     def _interrupted(it: int) -> str:
         warnings.warn(f"fit interrupted after {it} iterations; the model keeps the last consistent iterate",

@@ -256,13 +256,9 @@ def exact_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options
             if not is_out_of_memory(exc):
                 raise
             status = "out_of_memory"
-    if rec is None:
-        rec = {"primal": math.nan, "dual": math.nan, "gap": math.nan, "rel_gap": math.inf}
-    if status == "stalled" and rec["rel_gap"] <= max(opts.tol, 1e3 * torch.finfo(dtype).eps):
+    if status == "stalled" and rec is not None and rec["rel_gap"] <= max(opts.tol, 1e3 * torch.finfo(dtype).eps):
         status = "converged"  # no representable decrease is left: the gap is at the rounding floor
-    return SolverResult(alpha=alpha, state=state, n_iter=it, status=status, primal=rec["primal"], dual=rec["dual"],
-                        gap=rec["gap"], rel_gap=rec["rel_gap"], radius=torch.ones(T, dtype=dtype, device=device),
-                        history=mon.history, rng_state=None)
+    return mon.result(alpha, state, it, status, rec)
 
 
 register_solver("newton", "exact", exact_newton)
