@@ -230,6 +230,51 @@ class RandomFeatureMap(FeatureMap):
             out[:, -1] = torch.cos(Z[:, -1] + b[-1]) * scale
         return out
 
+    # ------------------------------------------------------------------ passes over the data
+    def pass_layout(self, device=None):
+        """``(scale, order)`` such that ``self(X)[:, order] == scale * self.pass_features(X)`` (up to the
+        last bit of the compute dtype); ``order`` is None when it is the identity."""
+        M = self.n_features
+        scale = math.sqrt(2.0 * self.kernel.outputscale / M)
+        if self.form == "cos":
+            return scale, None
+        p = self._n_pairs if self.input_dim is not None else M // 2
+        order = torch.stack([torch.arange(p), torch.arange(p) + p], dim=1).reshape(-1)
+        if M % 2:
+            order = torch.cat([order, torch.tensor([M - 1])])
+        return scale, order.to(device=device)
+
+    def pass_features(self, X: torch.Tensor) -> torch.Tensor:
+        """Unscaled features for repeated passes over the data, in ``X``'s dtype and on its device (give
+        ``X`` in the compute dtype): with ``form='cossin'`` the cosine and sine of each frequency side by
+        side (``cos w_1.x, sin w_1.x, cos w_2.x, ...``; an odd ``M``'s random-phase column last), so that
+        on a GPU one complex exponential (``torch.polar``) evaluates both in one read of ``X W``. See
+        :meth:`pass_layout` for the relation with ``self(X)``."""
+        if X.dim() != 2:
+            raise ValueError(f"X must be 2-D, got shape {tuple(X.shape)}")
+        if self.input_dim is None:
+            self.fit(X.shape[1])
+        elif X.shape[1] != self.input_dim:
+            raise ValueError(f"X has {X.shape[1]} features, the feature map was drawn for {self.input_dim}")
+        W, b = self._params(X.dtype, X.device)
+        if self.form == "cos":
+            return torch.addmm(b, X, W).cos_()
+        rows, M, p = X.shape[0], self.n_features, self._n_pairs
+        Z = X @ W
+        out = torch.empty(rows, M, dtype=X.dtype, device=X.device)
+        pairs = out[:, : 2 * p]
+        if X.device.type == "cuda" and M % 2 == 0:
+            # one kernel: reads X W once and writes (cos, sin) pairs
+            one = torch.ones((), dtype=X.dtype, device=X.device).expand(rows, p)
+            torch.polar(one, Z, out=torch.view_as_complex(out.view(rows, p, 2)))
+        else:
+            pairs = pairs.unflatten(1, (p, 2))
+            torch.cos(Z[:, :p], out=pairs[:, :, 0])
+            torch.sin(Z[:, :p], out=pairs[:, :, 1])
+        if M % 2:
+            out[:, -1] = torch.cos(Z[:, -1] + b[-1])
+        return out
+
     def expected_gram(self, X1: torch.Tensor, X2: torch.Tensor) -> torch.Tensor:
         """``K(X1, X2)``: random Fourier features are unbiased, ``E[phi(x)^T phi(y)] = k(x, y)``."""
         return self.kernel(X1, X2)
@@ -275,19 +320,25 @@ class NystromFeatureMap(FeatureMap):
         self.kernel = kernel
         self.centers = centers
         self.n_features = centers.shape[0]
+        # Memory: K and its factor (2 M^2); the factorisation reads one triangle of K (no symmetrised copy)
+        # and the jitter goes onto K's diagonal in place (no identity matrix).
         K = kernel(centers, centers)
-        K = 0.5 * (K + K.T)
         eps = torch.finfo(K.dtype).eps if jitter is None else jitter
         scale = float(K.diagonal().mean()) if K.numel() else 1.0
         level = 0.0 if jitter is None else jitter * scale
-        eye = torch.eye(K.shape[0], dtype=K.dtype, device=K.device)
+        applied = 0.0
         for _ in range(12):
-            R, info = torch.linalg.cholesky_ex(K + level * eye, upper=True)
+            if level != applied:
+                K.diagonal().add_(level - applied)
+                applied = level
+            R, info = torch.linalg.cholesky_ex(K, upper=True)
             if int(info) == 0:
                 break
+            del R
             level = max(level * 10.0, eps * scale * K.shape[0])
         else:  # pragma: no cover - pathological
             raise ValueError("the centres' kernel matrix could not be factorised; remove duplicated centres")
+        del K
         self.R = R
         self.jitter_used = level
 

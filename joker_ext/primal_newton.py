@@ -35,6 +35,7 @@ from typing import Optional
 import torch
 
 from .engines import Monitor, register_solver, sigint_as_flag
+from .features import NystromFeatureMap, RandomFeatureMap
 from .losses import Loss
 from .memory import is_out_of_memory
 from .smoothing import Continuation, needs_smoothing
@@ -44,10 +45,19 @@ __all__ = ["feature_newton", "NystromPreconditioner", "default_rank", "default_s
 
 ARMIJO = 1e-4
 MAX_HALVINGS = 40
+#: Largest copy of the training inputs (bytes) kept on the solver's device for the passes.
+RESIDENT_BYTES = 2 * 2**30
+#: Chunks between two polls of the lagged convergence flag while a product is being queued.
+POLL_EVERY = 4
+#: Tightest relative residual asked of the conjugate gradients when the products run in float32.
+LOW_PRECISION_CG_TOL = 1e-4
 
 
-def default_rank(n_features: int) -> int:
-    """Rank of the Nystrom preconditioner: ``min(M, 512)``."""
+def default_rank(n_features: int, device=None) -> int:
+    """Rank of the Nystrom preconditioner: ``min(M, 512)`` on the CPU; on a GPU, where the sketch is cheap
+    next to a pass, ``min(M, max(512, M // 20), 2048)`` (its ``M x r`` factor is the largest buffer of a fit)."""
+    if device is not None and torch.device(device).type == "cuda":
+        return min(n_features, max(512, n_features // 20), 2048)
     return min(n_features, 512)
 
 
@@ -57,63 +67,297 @@ def default_sketch_rows(n: int, rank: int) -> int:
 
 
 class NystromPreconditioner:
-    """``P ~ I + Phi^T W Phi`` from a randomized Nystrom sketch of rank ``r`` (see the module docstring)."""
+    """``P ~ I + Phi^T W Phi`` from a randomized Nystrom sketch of rank ``r`` (see the module docstring).
+
+    ``U`` may be stored in a lower precision than the vectors it is applied to (float32 passes): the
+    correction ``U diag(ratio - 1) U^T v`` is then computed in ``U``'s dtype and added in ``v``'s.
+    """
 
     def __init__(self, U: torch.Tensor, lam: torch.Tensor):
         self.U, self.lam = U, lam
         self.ratio = (lam[-1] + 1.0) / (lam + 1.0) if lam.numel() else lam
+        self._coef = (self.ratio - 1.0).to(U.dtype).unsqueeze(1) if lam.numel() else None
 
     @classmethod
     def sketch(cls, feature_rows, w: torch.Tensor, n_features: int, rank: int, scale: float,
-               generator: torch.Generator) -> "NystromPreconditioner":
-        """``feature_rows()`` yields ``(rows, Phi_rows)`` over the sample; ``w`` the sample's curvatures."""
+               generator: torch.Generator, *, right=None, left=None, store_dtype=None,
+               svd: Optional[bool] = None) -> "NystromPreconditioner":
+        """``feature_rows()`` yields ``(rows, G_rows)`` over the sample, ``w`` the sample's curvatures.
+
+        The feature matrix is ``Phi = G T`` with ``T V = right(V)`` and ``T^T U = left(U)`` (identity by
+        default); the products with ``G`` run in ``G``'s dtype and are accumulated in ``w``'s. The test
+        matrix is Gaussian, orthonormalised only when ``4 r > M``: the Nystrom approximation
+        ``Y (Omega^T Y)^{-1} Y^T`` does not depend on it, and with ``r <= M / 4`` the columns scaled by
+        ``1 / sqrt(M)`` are nearly orthonormal already (condition number about ``(1 + sqrt(r/M)) /
+        (1 - sqrt(r/M))``, at most 3), which is all the shift ``nu`` needs; skipping the QR of a large
+        sketch saves two ``M x r`` buffers. The thin SVD of the sketch is
+        taken through the eigen-decomposition of its ``r x r`` Gram matrix (cheap on a GPU, where an SVD
+        of an ``M x r`` matrix is not); every eigenvalue kept is above the shift ``nu``, far above that
+        route's rounding error (``svd=None``: on a GPU; on the CPU the SVD of the ``M x r`` matrix).
+        Memory: three ``M x r`` buffers at the peak.
+        """
         dtype, device = w.dtype, w.device
-        omega = torch.randn(n_features, rank, generator=generator, dtype=torch.float64).to(device=device, dtype=dtype)
-        omega = torch.linalg.qr(omega).Q
-        Ysk = torch.zeros(n_features, rank, dtype=dtype, device=device)
-        for rows, Phi in feature_rows():
-            Ysk.addmm_(Phi.T, w[rows].unsqueeze(1) * (Phi @ omega))
+        gdev = generator.device if isinstance(generator, torch.Generator) else torch.device("cpu")
+        omega = torch.randn(n_features, rank, generator=generator, dtype=torch.float64, device=gdev)
+        if 4 * rank > n_features:  # not r << M: a Gaussian matrix is then ill-conditioned, orthonormalise (cheap)
+            omega = torch.linalg.qr(omega.to(device=device, dtype=dtype)).Q
+        else:
+            omega = omega.to(device=device, dtype=dtype).mul_(1.0 / math.sqrt(n_features))
+        Om = omega if right is None else right(omega)
+        acc = torch.zeros(n_features, rank, dtype=dtype, device=device)
+        work = None
+        for rows, G in feature_rows():
+            if work is None:
+                work = G.dtype
+                Om = Om.to(work)  # no copy when the rows come in the solver dtype
+            P = G @ Om
+            P.mul_(w[rows].to(work).unsqueeze(1))
+            if G.dtype == acc.dtype:
+                acc.addmm_(G.T, P)
+            else:
+                acc.add_(G.T @ P)
+            del P
+        del Om
+        Ysk = acc if left is None else left(acc)
+        del acc
         Ysk.mul_(scale)
-        nu = math.sqrt(n_features) * torch.finfo(dtype).eps * float(Ysk.norm().clamp_min(torch.finfo(dtype).tiny))
+        eps = torch.finfo(work if work is not None else dtype).eps
+        nu = math.sqrt(n_features) * eps * float(Ysk.norm().clamp_min(torch.finfo(dtype).tiny))
         Ysk.add_(omega, alpha=nu)
         core = omega.T @ Ysk
+        del omega
         L, info = torch.linalg.cholesky_ex(0.5 * (core + core.T))
+        store = store_dtype or dtype
         if int(info) != 0:  # numerically rank-deficient sketch: fall back to the identity preconditioner
-            return cls(torch.zeros(n_features, 0, dtype=dtype, device=device), torch.zeros(0, dtype=dtype, device=device))
-        B = torch.linalg.solve_triangular(L, Ysk.T, upper=False).T
-        U, S, _ = torch.linalg.svd(B, full_matrices=False)
-        lam = (S * S - nu).clamp_min(0)
-        return cls(U, lam)
+            return cls(torch.zeros(n_features, 0, dtype=store, device=device), torch.zeros(0, dtype=dtype, device=device))
+        B = torch.linalg.solve_triangular(L, Ysk.T, upper=False).T  # Ysk L^{-T}: the sketch is B B^T
+        if svd is None:
+            svd = device.type == "cpu"
+        if svd:
+            del Ysk
+            U, S, _ = torch.linalg.svd(B, full_matrices=False)
+            S2 = S * S
+        else:
+            S2, V = torch.linalg.eigh(B.T @ B)  # B = U S V^T
+            S2, V = S2.flip(0), V.flip(1)
+            S = S2.clamp_min(torch.finfo(dtype).tiny).sqrt()
+            U = torch.mm(B, V / S, out=Ysk)  # into the sketch's buffer, no longer needed
+            del Ysk
+        del B
+        lam = (S2 - nu).clamp_min(0)
+        return cls(U.to(store), lam)
 
     def apply(self, R: torch.Tensor) -> torch.Tensor:
         """``P^{-1} R`` for one column ``R`` (M,)."""
         if not self.lam.numel():
             return R
-        UR = self.U.T @ R
-        return R + self.U @ ((self.ratio - 1.0) * UR)
+        UR = self.U.T @ R.to(self.U.dtype)
+        return R + (self.U @ (self._coef[:, 0] * UR)).to(R.dtype)
+
+
+class CentersPreconditioner:
+    """Falkon's preconditioner in the Nystrom basis ``Phi = K(X, Z) R^{-1}``: with centres drawn from the
+    data, ``K_XZ^T W K_XZ ~ (n / M) wbar K_ZZ^2``, so ``Phi^T W Phi ~ (n / M) wbar R R^T`` and
+    ``P = I + (n / M) wbar R R^T`` (``wbar`` the mean curvature) is factored once: full rank, where a
+    rank-``r`` sketch leaves the flat spectrum of Nystrom features mostly unpreconditioned. Memory: one
+    ``M x M`` factor (the map itself holds ``R``, ``M x M``)."""
+
+    def __init__(self, R: torch.Tensor, wbar: float, n: int):
+        M = R.shape[0]
+        A = torch.mm(R, R.mT)
+        A.mul_(n / M * wbar)
+        A.diagonal().add_(1.0)
+        L, info = torch.linalg.cholesky_ex(A)
+        del A
+        self.L = L if int(info) == 0 else None
+
+    def apply(self, v: torch.Tensor) -> torch.Tensor:
+        if self.L is None:
+            return v
+        y = torch.linalg.solve_triangular(self.L, v.unsqueeze(1), upper=False)
+        return torch.linalg.solve_triangular(self.L.mT, y, upper=True).squeeze(1)
+
+
+class _Basis:
+    """The feature matrix as ``Phi = G T``: ``G`` evaluated chunk by chunk in the pass dtype, ``T`` a
+    small linear map applied to M-vectors (never per row).
+
+    * random features: ``G`` the unscaled (cos, sin) pairs of :meth:`RandomFeatureMap.pass_features`
+      (float32 when the map computes in float32), ``T = scale``; the solver works in that column order
+      (``to_internal`` / ``to_external`` permute the weights);
+    * Nystrom features ``K(X, Z) R^{-1}``: ``G = K(X, Z)``, ``T = R^{-1}`` (two triangular solves per pass
+      instead of one per chunk);
+    * any other map: ``G = phi(X)``, ``T = I``.
+    """
+
+    def __init__(self, fmap, dtype: torch.dtype, device: torch.device):
+        self.fmap, self.dtype, self.device = fmap, dtype, device
+        self.order = None
+        self.scale = 1.0
+        self.R = None
+        cd = getattr(fmap, "compute_dtype", None) if isinstance(fmap, RandomFeatureMap) else None
+        if isinstance(fmap, RandomFeatureMap) and (device.type == "cuda" or (cd is not None and cd != dtype)):
+            # (on the CPU in the solver's own dtype the map's own evaluation is as fast: keep it)
+            self.kind = "random"
+            self.pass_dtype = getattr(fmap, "compute_dtype", None) or dtype
+            self.scale, order = fmap.pass_layout(device)
+            self.order = order
+        elif isinstance(fmap, NystromFeatureMap):
+            self.kind = "nystrom"
+            self.pass_dtype = dtype
+            self.R = fmap.R.to(device=device, dtype=dtype)
+            self.centers = fmap.centers.to(device=device, dtype=dtype)
+        else:
+            self.kind = "generic"
+            self.pass_dtype = dtype
+        # dtype the rows are given in
+        self.input_dtype = self.pass_dtype if self.kind == "random" else dtype
+
+    def raw(self, Xc: torch.Tensor) -> torch.Tensor:
+        if self.kind == "random":
+            return self.fmap.pass_features(Xc)
+        if self.kind == "nystrom":
+            return self.fmap.kernel(Xc, self.centers)
+        return self.fmap(Xc)
+
+    def right(self, V: torch.Tensor) -> torch.Tensor:
+        """``T V``."""
+        if self.kind == "random":
+            return V * self.scale
+        if self.kind == "nystrom":
+            return torch.linalg.solve_triangular(self.R, V, upper=True)
+        return V
+
+    def left(self, U: torch.Tensor) -> torch.Tensor:
+        """``T^T U``."""
+        if self.kind == "random":
+            return U.mul_(self.scale)
+        if self.kind == "nystrom":
+            return torch.linalg.solve_triangular(self.R.mT, U, upper=False)
+        return U
+
+    def to_internal(self, beta: torch.Tensor) -> torch.Tensor:
+        return beta if self.order is None else beta[self.order]
+
+    def to_external(self, beta: torch.Tensor) -> torch.Tensor:
+        if self.order is None:
+            return beta
+        out = torch.empty_like(beta)
+        out[self.order] = beta
+        return out
+
+
+class _Flags:
+    """Per-iteration convergence flags of the conjugate gradients, read back without stalling a GPU: each
+    flag is copied to pinned host memory behind its iteration's work and read once its event has passed,
+    while the next iteration is already queued."""
+
+    def __init__(self, device: torch.device, size: int):
+        self.cuda = device.type == "cuda"
+        self.values: dict = {}
+        if self.cuda:
+            self.host = torch.zeros(size, dtype=torch.bool, pin_memory=True)
+            self.events: dict = {}
+
+    def post(self, k: int, active: torch.Tensor) -> None:
+        flag = active.any()
+        if self.cuda:
+            self.host[k].copy_(flag, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record()
+            self.events[k] = ev
+        else:
+            self.values[k] = bool(flag)
+
+    def ready(self, k: int) -> Optional[bool]:
+        """Flag ``k`` when it is known (never waits), else None."""
+        if k in self.values:
+            return self.values[k]
+        if self.cuda and k in self.events and self.events[k].query():
+            self.values[k] = bool(self.host[k])
+            return self.values[k]
+        return None
+
+    def wait(self, k: int) -> bool:
+        """Flag ``k`` (waits for its event)."""
+        if k not in self.values:
+            self.events[k].synchronize()
+            self.values[k] = bool(self.host[k])
+        return self.values[k]
 
 
 class _Passes:
-    """Passes over the data through the feature map, chunk by chunk."""
+    """Passes over the data through the feature map, chunk by chunk.
+
+    With a float32 feature map (``compute_dtype``) and a float64 solver, the Hessian products run in
+    float32 (features, both products) and are accumulated over the chunks in float64; the gradient pass,
+    whose accuracy sets how far the Newton iterations converge, converts each chunk of features to
+    float64 first. The training inputs are copied once to the solver's device (in the dtype the
+    features are computed in) when they fit :data:`RESIDENT_BYTES`.
+    """
 
     def __init__(self, operator, Y, loss: Loss, c_col):
-        self.fmap, self.data, self.rows = operator.feature_map, operator.data, operator.chunk_rows
+        self.fmap, self.data = operator.feature_map, operator.data
         self.Y, self.loss, self.c = Y, loss, c_col
+        self.dtype, self.device = Y.dtype, Y.device
+        self.basis = _Basis(self.fmap, self.dtype, self.device)
+        self.pass_dtype = self.basis.pass_dtype
+        self.low = self.pass_dtype != self.dtype
+        self.n, self.M = self.data.n, self.fmap.n_features
+        # the operator plans chunks of `chunk_rows` rows of solver-dtype features: float32 chunks keep their
+        # bytes (twice the rows: fewer launches per pass); the gradient pass, which also holds its chunk in
+        # the solver dtype, keeps the planned rows
+        base = max(1, int(operator.chunk_rows))
+        self.rows = max(1, base * torch.finfo(self.dtype).bits // torch.finfo(self.pass_dtype).bits)
+        self.grad_rows = base
+        self.X = self._resident()
         self.passes = 0
 
+    def _resident(self) -> Optional[torch.Tensor]:
+        data, dt = self.data, self.basis.input_dtype
+        if data.kind not in ("tensor", "numpy"):
+            return None
+        if data.n * data.d * torch.finfo(dt).bits // 8 > RESIDENT_BYTES:
+            return None
+        src = data.source
+        if not torch.is_tensor(src):
+            src = torch.from_numpy(src[:] if hasattr(src, "filename") else src)
+        return src.to(device=self.device, dtype=dt)
+
+    def chunks(self, rows: int):
+        if self.X is not None:
+            for start in range(0, self.n, rows):
+                stop = min(start + rows, self.n)
+                yield start, stop, self.X[start:stop]
+        else:
+            for start, stop, Xc in self.data.chunks(rows):
+                yield start, stop, Xc.to(self.basis.input_dtype)
+
+    def take(self, idx: torch.Tensor) -> torch.Tensor:
+        if self.X is not None:
+            return self.X.index_select(0, idx.to(self.X.device))
+        return self.data.take(idx).to(self.basis.input_dtype)
+
     def gradient(self, beta: torch.Tensor, smoothing: float) -> dict:
-        """``f = Phi beta``, ``a* = a(f)``, ``w``, ``Phi^T a*`` and the pieces of the duality gap."""
+        """``f = Phi beta``, ``a* = a(f)``, ``w``, ``Phi^T a*`` and the pieces of the duality gap (``beta`` in
+        the internal basis)."""
         n, T = self.Y.shape
         F = torch.empty(n, T, dtype=beta.dtype, device=beta.device)
         A, W = torch.empty_like(F), torch.empty_like(F)
-        PhiTA = torch.zeros_like(beta)
-        for start, stop, Xc in self.data.chunks(self.rows):
-            Phi = self.fmap(Xc)
-            F[start:stop] = Phi @ beta
-            A[start:stop], W[start:stop] = self.loss.smoothed_dual(F[start:stop], self.Y[start:stop],
-                                                                   self.c[start:stop], smoothing)
-            PhiTA.addmm_(Phi.T, A[start:stop])
+        acc = torch.zeros_like(beta)
+        bt = self.basis.right(beta)
+        for start, stop, Xc in self.chunks(self.grad_rows):
+            G = self.basis.raw(Xc)
+            if G.dtype != beta.dtype:
+                G = G.to(beta.dtype)
+            Fc = G @ bt
+            F[start:stop] = Fc
+            a, w = self.loss.smoothed_dual(Fc, self.Y[start:stop], self.c[start:stop], smoothing)
+            A[start:stop], W[start:stop] = a, w
+            acc.addmm_(G.T, a)
+            del G
         self.passes += 1
+        PhiTA = self.basis.left(acc)
         loss_terms = (self.c * self.loss.value(self.Y, F)).sum(0)
         conj_terms = self.loss.conj(A, self.Y, self.c).sum(0)
         primal = 0.5 * (beta * beta).sum(0) + loss_terms
@@ -121,50 +365,104 @@ class _Passes:
         return {"F": F, "A": A, "W": W, "grad": beta - PhiTA, "primal": primal, "dual": dual,
                 "share": self.loss.fenchel_young(self.Y, F, A, self.c).sum(0)}
 
-    def hessian_product(self, V: torch.Tensor, W: torch.Tensor):
-        """``(I + Phi^T W Phi) V`` and ``Phi V``."""
-        out = V.clone()
-        PhiV = torch.empty(self.data.n, V.shape[1], dtype=V.dtype, device=V.device)
-        for start, stop, Xc in self.data.chunks(self.rows):
-            Phi = self.fmap(Xc)
-            U = Phi @ V
+    def weights(self, W: torch.Tensor) -> torch.Tensor:
+        """The curvatures in the dtype of the Hessian products."""
+        return W.to(self.pass_dtype)
+
+    def hessian_product(self, V: torch.Tensor, Wp: torch.Tensor, abort=None):
+        """``(I + Phi^T W Phi) V`` and ``Phi V`` (``Wp`` from :meth:`weights`); None when ``abort()``
+        turned true while the pass was being queued."""
+        pd = self.pass_dtype
+        Vt = self.basis.right(V).to(pd)
+        plain = self.basis.kind == "generic"  # T = I, one dtype: accumulate onto V directly
+        acc = V.clone() if plain else torch.zeros_like(V)
+        PhiV = torch.empty(self.n, V.shape[1], dtype=V.dtype, device=V.device)
+        for k, (start, stop, Xc) in enumerate(self.chunks(self.rows)):
+            if abort is not None and k % POLL_EVERY == 0 and abort():
+                return None
+            G = self.basis.raw(Xc)
+            U = G @ Vt
             PhiV[start:stop] = U
-            out.addmm_(Phi.T, W[start:stop] * U)
+            if plain:
+                acc.addmm_(G.T, Wp[start:stop] * U)
+            else:
+                U.mul_(Wp[start:stop])
+                acc.add_(G.T @ U)
+            del G
         self.passes += 1
-        return out, PhiV
+        return (acc if plain else V + self.basis.left(acc)), PhiV
 
     def sample_features(self, sample: torch.Tensor):
-        """Yields ``(positions in sample, Phi of those rows)`` over the sampled rows."""
+        """Yields ``(positions in sample, G of those rows)`` over the sampled rows, in the solver dtype."""
+        rows = self.rows if self.device.type == "cpu" else max(1, self.grad_rows // 2)
+
         def gen():
-            for s0 in range(0, sample.numel(), self.rows):
-                pos = torch.arange(s0, min(s0 + self.rows, sample.numel()), device=sample.device)
-                yield pos, self.fmap(self.data.take(sample[pos]))
+            for s0 in range(0, sample.numel(), rows):
+                pos = torch.arange(s0, min(s0 + rows, sample.numel()), device=sample.device)
+                yield pos, self.basis.raw(self.take(sample[pos])).to(self.dtype)
         return gen
+
+    def preconditioner(self, sample: torch.Tensor, w_sample: torch.Tensor, rank: int, gen):
+        """Nystrom features: :class:`CentersPreconditioner`. Otherwise the randomized Nystrom sketch, in the
+        solver dtype: a float32 sketch (its rounding and its larger shift) was measured to cost CG
+        iterations, while the sketch's rows are few."""
+        if self.basis.kind == "nystrom":
+            return CentersPreconditioner(self.basis.R, float(w_sample.mean()), self.n)
+        scale, right, left = self.n / sample.numel(), self.basis.right, self.basis.left
+        if self.basis.kind == "random":  # T = s I: fold s^2 into the scale instead of scaling M x r matrices
+            scale, right, left = scale * self.basis.scale ** 2, None, None
+        elif self.basis.kind == "generic":
+            right = left = None
+        return NystromPreconditioner.sketch(self.sample_features(sample), w_sample, self.M, rank, scale, gen,
+                                            right=right, left=left)
+
+
+def _apply(precond, R: torch.Tensor) -> torch.Tensor:
+    if len(precond) == 1:
+        return precond[0].apply(R[:, 0]).unsqueeze(1)
+    return torch.stack([precond[t].apply(R[:, t]) for t in range(R.shape[1])], dim=1)
 
 
 def _pcg(passes: _Passes, grad, W, precond, eta: float, max_cg: int):
-    """Solve ``(I + Phi^T W Phi) D = -grad`` column by column in lockstep; returns ``(D, Phi D)``."""
+    """Solve ``(I + Phi^T W Phi) D = -grad`` column by column in lockstep; returns ``(D, Phi D)``.
+
+    No host synchronisation inside the loop: a column stops moving (zero step) once its residual is below
+    ``eta ||grad||``; whether any column still moves is read back one iteration late (:class:`_Flags`),
+    and a product queued after the last useful iteration is abandoned as soon as that is known.
+    """
     T = grad.shape[1]
     D = torch.zeros_like(grad)
-    Z = torch.zeros(passes.data.n, T, dtype=grad.dtype, device=grad.device)
+    Z = torch.zeros(passes.n, T, dtype=grad.dtype, device=grad.device)
     R = -grad
-    Zr = torch.stack([precond[t].apply(R[:, t]) for t in range(T)], dim=1)
+    Zr = _apply(precond, R)
     P = Zr.clone()
     rz = (R * Zr).sum(0)
-    target = eta * grad.norm(dim=0)
-    active = grad.norm(dim=0) > 0
-    for _ in range(max(1, max_cg)):
-        if not bool(active.any()):
+    gnorm = grad.norm(dim=0)
+    target = eta * gnorm
+    active = gnorm > 0
+    Wp = passes.weights(W)
+    steps = max(1, max_cg)
+    flags = _Flags(grad.device, steps + 1)
+    flags.post(0, active)
+    if not flags.wait(0):
+        return D, Z
+    for j in range(steps):
+        # flag j-1 (is anything still moving after j-1 products?): on a GPU, iteration j-1 is queued behind it
+        if j >= 2 and not flags.wait(j - 1):
             break
-        HP, PhiP = passes.hessian_product(P, W)
+        out = passes.hessian_product(P, Wp, abort=(lambda j=j: flags.ready(j) is False) if j >= 1 else None)
+        if out is None:
+            break
+        HP, PhiP = out
         pHp = (P * HP).sum(0)
         step = torch.where(active & (pHp > 0), rz / torch.where(pHp > 0, pHp, torch.ones_like(pHp)),
                            torch.zeros_like(pHp))
-        D += step * P
-        Z += step * PhiP
-        R -= step * HP
+        D.add_(step * P)
+        Z.add_(step * PhiP)
+        R.sub_(step * HP)
         active = active & (R.norm(dim=0) > target)
-        Zr = torch.stack([precond[t].apply(R[:, t]) for t in range(T)], dim=1)
+        flags.post(j + 1, active)
+        Zr = _apply(precond, R)
         rz_new = (R * Zr).sum(0)
         P = Zr + torch.where(rz > 0, rz_new / torch.where(rz > 0, rz, torch.ones_like(rz)), torch.zeros_like(rz)) * P
         rz = rz_new
@@ -222,29 +520,35 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
     c_col = c.reshape(n, 1).to(dtype=dtype, device=device).expand(n, T)
     loss.check_targets(Y)
     M = operator.feature_map.n_features
+    passes = _Passes(operator, Y, loss, c_col)
+    basis = passes.basis
     if state0 is not None and "beta" in state0:
-        beta = state0["beta"].to(dtype=dtype, device=device).clone()
+        beta = basis.to_internal(state0["beta"].to(dtype=dtype, device=device).clone())
     elif alpha0 is not None:
-        beta = operator.init_state(alpha0.to(dtype=dtype, device=device).reshape(n, T))["beta"]
+        beta = basis.to_internal(operator.init_state(alpha0.to(dtype=dtype, device=device).reshape(n, T))["beta"])
     else:
         beta = torch.zeros(M, T, dtype=dtype, device=device)
-    passes = _Passes(operator, Y, loss, c_col)
     s0 = float(c_col.mean()) if needs_smoothing(loss, Y, c_col) else 0.0
     smoothing = Continuation(s0)
-    rank = min(M, opts.newton_rank or default_rank(M))
+    rank = min(M, opts.newton_rank or default_rank(M, device))
     gen = torch.Generator().manual_seed(int(opts.seed))
+    # the sketch's test matrix is drawn where it is used
+    gen_sketch = gen if device.type == "cpu" else torch.Generator(device=device).manual_seed(int(opts.seed))
+    # float32 products: the conjugate gradients cannot resolve a residual much below float32's precision;
+    # the float64 gradient of the next Newton iteration refines the step instead
+    cg_floor = max(opts.newton_cg_tol, LOW_PRECISION_CG_TOL if passes.low else 0.0)
     n_s = min(n, opts.newton_sketch_rows or default_sketch_rows(n, rank))
     sample = torch.sort(torch.randperm(n, generator=gen)[:n_s]).values.to(device)
     mon = Monitor(opts, callback=callback, validation=validation, snapshot=snapshot, snapshot_every=snapshot_every,
                   dtype=dtype)
     status, it, rec, alpha = "max_iter", start_iter, None, torch.zeros(n, T, dtype=dtype, device=device)
-    state = {"beta": beta}
+    state = {"beta": basis.to_external(beta)}
     precond, precond_w = None, None
     with sigint_as_flag(opts.handle_sigint) as sig:
         try:
             while True:
                 g = passes.gradient(beta, smoothing.value)
-                alpha, state = g["A"], {"beta": beta}
+                alpha, state = g["A"], {"beta": basis.to_external(beta)}
                 gap = g["primal"] + g["dual"]
                 rel = gap / torch.maximum(g["primal"].abs(), g["dual"].abs()).clamp_min(torch.finfo(dtype).tiny)
                 rec = mon.record(it, float(g["primal"].sum()), float(g["dual"].sum()), float(gap.sum()), state, alpha,
@@ -259,10 +563,10 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
                     break
                 w_sample = g["W"][sample]
                 if precond is None or not torch.equal(w_sample, precond_w):
-                    precond = [NystromPreconditioner.sketch(passes.sample_features(sample), w_sample[:, t], M, rank,
-                                                            n / n_s, gen) for t in range(T)]
+                    precond = None  # free the old factor first
+                    precond = [passes.preconditioner(sample, w_sample[:, t], rank, gen_sketch) for t in range(T)]
                     precond_w = w_sample
-                eta = min(0.1, max(opts.newton_cg_tol, math.sqrt(max(float(rel.max()), 0.0))))
+                eta = min(0.1, max(cg_floor, math.sqrt(max(float(rel.max()), 0.0))))
                 D, Z = _pcg(passes, g["grad"], g["W"], precond, eta, opts.max_cg)
                 t = _line_search(loss, Y, c_col, beta, D, g["F"], Z, g["grad"], smoothing.value)
                 it += 1
