@@ -807,7 +807,7 @@ class JokerFalkon(_FalkonFace):
 class JokerLogisticFalkon(_FalkonFace):
     r"""Drop-in replacement for ``falkon.LogisticFalkon`` (kernel logistic regression on a penalty path).
 
-    For each ``penalty_list[k]`` it fits, by DBCD-TR on the dual, warm-started from the previous stage,
+    For each ``penalty_list[k]`` it fits, warm-started from the previous stage,
 
     .. math::
         \min_f \; \tfrac12 \|f\|^2 + C_k \sum_i \log(1 + e^{-y_i f(x_i)}), \qquad C_k = \frac{1}{n\, \lambda_k}
@@ -820,32 +820,49 @@ class JokerLogisticFalkon(_FalkonFace):
     Parameters
     ----------
     kernel, M, center_selection, seed, error_fn, error_every, options
-        As :class:`JokerFalkon` (``M`` = random features by default; ``features='nystrom'`` for centres).
+        As :class:`JokerFalkon` (including the ``features='auto'`` rule).
     penalty_list : sequence of float
         Falkon's lambda at each stage (> 0).
     iter_list : sequence of int
-        Iterations at each stage, the same length as ``penalty_list``, counted in epochs:
-        ``iter_list[k] * epochs_per_iter`` passes over the data at stage k. Falkon spends ``iter_list[k]``
-        CG iterations (each one evaluation of ``K(X, Z)``) on one Newton step per stage; DBCD works on
-        the logistic dual directly, and one epoch per iteration (the default) matched LogisticFalkon's
-        test accuracy and log-loss on nycflights13 and on its documented example.
+        Iterations at each stage, the same length as ``penalty_list``. LogisticFalkon takes one Newton
+        step per stage, solved by ``iter_list[k]`` CG iterations (each one evaluation of ``K(X, Z)``).
+
+        * Newton engine (``solver='auto'`` for the logistic loss, or ``solver='newton'``): **at most**
+          ``iter_list[k]`` Newton iterations at stage k, each solving its Newton system by preconditioned
+          CG to an inexact-Newton tolerance (several passes over the data), stopping earlier when the
+          relative duality gap reaches ``tol``. A stage starts from the previous stage's solution (the
+          dual ``alpha``; with features also the primal weights, which the feature engine continues
+          from), so stages at an unchanged penalty often stop at once. Newton converges where
+          LogisticFalkon's one step per stage usually does not: at small penalties (1e-7 and below) the
+          fitted model is the minimiser of the objective above, which can have a *higher* test error
+          than LogisticFalkon's early-stopped iterate of the same problem (which has a higher objective).
+        * ``solver='dbcd_tr'``: counted in epochs, ``iter_list[k] * epochs_per_iter`` passes over the data
+          at stage k (DBCD works on the logistic dual directly; one epoch per iteration matched
+          LogisticFalkon's test accuracy and log-loss on nycflights13 and on its documented example).
     epochs_per_iter : int, default 1
-        Epochs per unit of ``iter_list`` (keyword only).
+        Epochs per unit of ``iter_list`` with ``solver='dbcd_tr'`` (keyword only).
     loss : falkon.gsc_losses.LogisticLoss, WeightedCrossEntropyLoss, joker_ext Loss or name
         See :func:`translate_loss`. LogisticLoss takes labels -1/+1 (as Falkon);
         WeightedCrossEntropyLoss(neg_weight) takes 0/1 labels and weighs the 0 class by ``neg_weight``.
-        Any other joker_ext margin loss ('hinge', 'squared_hinge') follows the same path.
+        Any other joker_ext margin loss ('hinge', 'squared_hinge') follows the same path ('hinge' goes to
+        DBCD-TR under ``solver='auto'``).
+    solver : str, default 'auto' (keyword only)
+        The engine of every stage (:func:`joker_ext.engines.resolve_solver`): 'auto' takes 'newton' for
+        smooth losses (logistic, squared hinge) and 'dbcd_tr' for losses with kinks; ``solver_`` holds
+        the engine used.
     features, block_size, tol, max_time, device, dtype
         As :class:`JokerFalkon`.
 
     Attributes
     ----------
-    As :class:`JokerFalkon`; ``fit_times_`` / ``val_errors_`` get one entry per stage (as Falkon's).
+    As :class:`JokerFalkon`; ``fit_times_`` / ``val_errors_`` get one entry per stage (as Falkon's);
+    ``result_``, ``n_iter_``, ``status_`` and ``relative_gap_`` describe the last stage.
     """
 
     def __init__(self, kernel, penalty_list, iter_list, loss, M, center_selection="uniform", seed=None,
                  error_fn=None, error_every=1, options=None, *, features="auto", epochs_per_iter=1, block_size=None,
-                 tol=None, max_time=None, device=None, dtype=None):
+                 tol=None, max_time=None, device=None, dtype=None, solver="auto"):
+        self.solver = solver
         self.kernel = kernel
         self.penalty_list = penalty_list
         self.iter_list = iter_list
@@ -916,15 +933,23 @@ class JokerLogisticFalkon(_FalkonFace):
                 return float(loss.value(Ypm, P).mean())
         model = None
         elapsed = [0.0]
+        engine = self._engine(prep, n, loss)
         for k, (pen, ep) in enumerate(zip(pens, its)):
             if prep["opt"]["verbose"]:
                 print(f"Iteration {k:d} - penalty {pen:e} - sub-iterations {ep:d}", flush=True)
             C = penalty_to_C(pen, n)
-            opts = self._solver_options(prep, n, ep * per_iter)
-            # each stage continues from the previous one: its dual point, operator state and radii
-            resume = None if model is None else {"alpha": model.alpha, "state": model.result.state,
-                                                 "radius": model.result.radius, "iteration": 0}
-            model = _train(X, Yfit, loss, C * w, prep, opts, None, resume=resume)
+            if engine == "dbcd_tr":
+                opts = self._solver_options(prep, n, ep * per_iter)
+                # each stage continues from the previous one: its dual point, operator state and radii
+                resume = None if model is None else {"alpha": model.alpha, "state": model.result.state,
+                                                     "radius": model.result.radius, "iteration": 0}
+            else:
+                # Newton engines: iter_list[k] Newton iterations at most, from the previous stage's point (the
+                # dual alpha; with features also the primal weights beta, which the feature engine starts from)
+                opts = self._solver_options(prep, n, ep, engine=engine, iterations=ep)
+                resume = None if model is None else {"alpha": model.alpha, "state": model.result.state,
+                                                     "iteration": 0}
+            model = _train(X, Yfit, loss, C * w, prep, opts, None, resume=resume, engine=engine)
             check_fit_finite(f"penalty_list[{k}]", pen, model.alpha, model.beta, _evaluated_primal(model))
             elapsed[0] = time.perf_counter() - t_start
             if self.error_fn is not None and error_every is not None and k % error_every == 0:
@@ -932,6 +957,7 @@ class JokerLogisticFalkon(_FalkonFace):
             else:
                 self.fit_times_.append(elapsed[0])
         self._set_fitted(model, prep, X)
+        self.solver_ = engine
         self.loss_ = loss
         self.C_ = penalty_to_C(pens[-1], n)
         self.fit_times_[0] = t_prep

@@ -214,8 +214,11 @@ def test_exact_mode_linear_kernel_is_ridge_regression(fk, fopt):
     assert _rel(j.predict(Xt), (Xt @ X.T + 0.5) @ a) < 1e-6
 
 
-def test_logistic_nystrom_equals_logistic_falkon(fk, fopt):
-    """LogisticFalkon's (1/n) sum l + (lam/2)||f||^2 <-> C = 1/(n lam), same centres, both converged."""
+@pytest.mark.parametrize("solver", ["auto", "dbcd_tr"])
+def test_logistic_nystrom_equals_logistic_falkon(fk, fopt, solver):
+    """LogisticFalkon's (1/n) sum l + (lam/2)||f||^2 <-> C = 1/(n lam), same centres, both converged; by
+    the Newton engine ('auto' for the logistic loss: iter_list counts Newton iterations) and by DBCD-TR
+    (iter_list counts epochs)."""
     import dataclasses
 
     X, Y = _toy(500, d=3, seed=12)
@@ -226,9 +229,33 @@ def test_logistic_nystrom_equals_logistic_falkon(fk, fopt):
     pl, il = [1e-2, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3], [10, 10, 30, 30, 30, 30, 30]
     f = fk.LogisticFalkon(kern, pl, il, fk.gsc_losses.LogisticLoss(kern, opt=opt), 50, seed=4, options=opt).fit(X, Y)
     j = JokerLogisticFalkon(kern, [1e-2, 1e-3], [5, 60], fk.gsc_losses.LogisticLoss(kern), 50, seed=4, options=opt,
-                            features="nystrom", block_size=500).fit(X, Y)
+                            features="nystrom", block_size=500, solver=solver).fit(X, Y)
+    assert j.solver_ == ("newton" if solver == "auto" else "dbcd_tr")
     assert torch.equal(j.ny_points_, f.ny_points_)
     assert _rel(j.predict(X), f.predict(X)) < 1e-5
+
+
+def test_logistic_newton_stages_continue_from_the_previous_stage(fk, fopt):
+    """Newton engine on a penalty path: a stage at an unchanged penalty starts at the previous stage's
+    solution (converged: no iteration left), and a stage at a new penalty starts closer than a cold
+    fit does (fewer Newton iterations to the same tolerance). iter_list bounds the Newton iterations."""
+    X, Y = _toy(800, d=3, seed=21)
+    Y = torch.where(Y > 0.6, 1.0, -1.0).to(X.dtype)
+    kern = fk.kernels.GaussianKernel(1.0, opt=fopt)
+    loss = fk.gsc_losses.LogisticLoss(kern)
+    kw = dict(seed=2, options=fopt, tol=1e-10)
+    for features in ("nystrom", "cossin"):
+        path = JokerLogisticFalkon(kern, [1e-3, 1e-4, 1e-4], [50, 50, 50], loss, 100, features=features, **kw).fit(X, Y)
+        assert path.solver_ == "newton" and path.converged_ and path.n_iter_ == 0
+        warm = JokerLogisticFalkon(kern, [1e-3, 1e-4], [50, 50], loss, 100, features=features, **kw).fit(X, Y)
+        cold = JokerLogisticFalkon(kern, [1e-4], [50], loss, 100, features=features, **kw).fit(X, Y)
+        assert warm.converged_ and cold.converged_ and 1 <= warm.n_iter_ < cold.n_iter_, (warm.n_iter_, cold.n_iter_)
+        assert _rel(warm.predict(X), cold.predict(X)) < 1e-4
+        short = JokerLogisticFalkon(kern, [1e-4], [2], loss, 100, features=features, **kw).fit(X, Y)
+        assert short.n_iter_ == 2 and short.status_ == "max_iter"
+    # a loss with a kink goes to DBCD-TR under 'auto'
+    hinge = JokerLogisticFalkon(kern, [1e-3], [2], "hinge", 50, seed=2, options=fopt).fit(X, Y)
+    assert hinge.solver_ == "dbcd_tr"
 
 
 def test_weighted_cross_entropy_equals_logistic_falkon(fk, fopt):
@@ -758,3 +785,7 @@ def test_bad_inputs(fk, fopt):
         JokerLogisticFalkon(kern, [1e-3], [3], loss, 10).fit(X, torch.cat([Ypm, Ypm], 1))
     with pytest.raises(TypeError, match="loss"):
         JokerLogisticFalkon(kern, [1e-3], [3], object(), 10).fit(X, Ypm)
+    with pytest.raises(ValueError, match="solver"):
+        JokerLogisticFalkon(kern, [1e-3], [3], loss, 10, solver="lbfgs").fit(X, Ypm)
+    with pytest.raises(ValueError, match="solver"):
+        JokerFalkon(k, 1e-3, 10, solver="lbfgs").fit(X, Y)
