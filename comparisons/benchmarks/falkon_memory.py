@@ -8,8 +8,10 @@ Hyperparameters: Gaussian sigma = 3 and penalty = 1e-6, Falkon's best test RMSE 
 
 For each M in {2000, 10000, 20000} (``--quick``: {250, 500, 1000} on a smaller subset) the same Falkon
 kernel object, ``penalty`` and ``M`` go to ``falkon.Falkon`` and to ``joker_ext.JokerFalkon`` (defaults
-otherwise: Falkon's 20 CG iterations; JokerFalkon's maxiter = 20, i.e. 40 epochs of M random features); then
-``falkon.LogisticFalkon`` and ``JokerLogisticFalkon`` with the same penalty path.
+otherwise: Falkon's 20 CG iterations; JokerFalkon's own defaults, whatever they are at the time: the
+numbers in docs/performance.rst were taken when they were DBCD-TR for 40 epochs of M random features,
+``solver='dbcd_tr', features='cossin'`` today; ``comparisons.benchmarks.falkon_cpu`` measures the current
+defaults); then ``falkon.LogisticFalkon`` and ``JokerLogisticFalkon`` with the same penalty path.
 
 Every fit runs in its own subprocess, so that its peak resident memory (``resource.getrusage`` ->
 ``ru_maxrss``, which sees torch's allocations, unlike tracemalloc) is its own. The worker records
