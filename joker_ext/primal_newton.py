@@ -23,9 +23,28 @@ Preconditioner: a randomized Nystrom approximation ``U diag(lam) U^T`` of rank `
 (Frangella, Tropp and Udell, 2023), sketched on ``n_s`` sampled rows (scaled by ``n / n_s``), applied as
 ``P^{-1} v = U diag((lam_r + 1) / (lam + 1)) U^T v + (v - U U^T v)``. It is recomputed when ``W`` changes.
 
+With Nystrom features ``Phi = K(X, Z) R^{-1}`` the preconditioner is Falkon's instead
+(:class:`CentersPreconditioner`: ``I + (n / M) wbar R R^T``, full rank, one ``M x M`` factor), and
+``R^{-1}`` is applied to the M-vectors of a pass (two triangular solves per pass) rather than to every
+chunk of rows (:class:`_Basis`).
+
 Cost per pass ``O(n M d)`` (the features) plus ``4 n M`` (two products); the sketch ``O(n_s M (d + r))``
-plus ``O(M r^2)``. Memory: ``M r`` for ``U``, ``chunk_rows x M`` for a feature chunk, a few n-vectors;
-never ``M x M`` (Falkon's preconditioner) unless ``r = M``.
+plus ``O(M r^2)``. Memory: ``M r`` for ``U`` (three ``M x r`` buffers while sketching), ``chunk_rows x M``
+for a feature chunk, a few n-vectors and a copy of ``X`` on the device; never ``M x M`` for random
+features (Falkon's preconditioner) unless ``r = M``.
+
+On a GPU (measured on an H100, ``comparisons/benchmarks/falkon_gpu.py``):
+
+* random features are evaluated as (cos, sin) pairs by one complex exponential per frequency
+  (:meth:`~joker_ext.features.RandomFeatureMap.pass_features`), unscaled (the scale goes onto the
+  M-vectors), in the map's ``compute_dtype`` (float32 for float32 data): the solver works in that column
+  order and permutes ``beta`` on the way in and out;
+* the Hessian products run in float32 and are accumulated over the chunks in float64; the gradient pass,
+  whose accuracy decides how far the Newton iterations converge, converts each chunk to float64; the
+  sketch is taken in float64 (a float32 sketch was measured to cost CG iterations);
+* the inner conjugate gradients never wait for the GPU: convergence flags come back through pinned
+  memory one iteration late (:class:`_Flags`) and a product queued after the last useful iteration is
+  abandoned; the training inputs are copied to the device once (:data:`RESIDENT_BYTES`).
 """
 from __future__ import annotations
 

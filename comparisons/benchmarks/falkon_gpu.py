@@ -14,9 +14,11 @@ and ``empty_cache`` between them, after a small warm-up fit of each library):
 
 a. Falkon with its default options (``max_gpu_mem`` unbounded): fit time, test RMSE,
    ``torch.cuda.max_memory_allocated`` during the fit;
-b. Falkon with ``max_gpu_mem`` calibrated: caps of 1/2, 1/4, ... of (a)'s peak until the fit time exceeds
-   1.1x (a)'s (or the fit fails); the smallest cap within 10% is kept (a factor-2 grid, so "smallest" is up
-   to a factor 2; ``--calib-steps`` bounds the number of tries);
+b. Falkon with ``max_gpu_mem`` calibrated: caps of ``--calib-start`` (default 1/2), then 1/2 of that, ...
+   times (a)'s peak until the fit time exceeds 1.1x (a)'s (or the fit fails); the smallest cap within 10%
+   is kept (a factor-2 grid, so "smallest" is up to a factor 2). ``--calib-steps`` bounds the number of
+   tries: when every try stays within 10% the smallest cap was not reached and the memory ratio against
+   it is only a lower bound;
 c. ``JokerFalkon(kernel, penalty, M, options=FalkonOptions())`` with its defaults (``features='auto'``),
    and with ``features='cossin'`` and ``features='nystrom'``: a reporting fit (``error_fn`` on the test set
    after every Newton iteration, the reporting time excluded by wrapping the reporter) gives the time at
@@ -37,7 +39,10 @@ Run on a CUDA machine from the repository root (Falkon installed)::
     python -m comparisons.benchmarks.falkon_gpu --flights-npz .device/data/flights200k.npz \\
         --configs flights20k,flights50k,synth1m --profile --out results.jsonl
 
-``--quick`` runs tiny sizes on the CPU (no GPU numbers; for checking the script).
+``--quick`` runs tiny sizes on the CPU (no GPU numbers; for checking the script). Peak memory in the
+tables is the fit's own (``max_memory_allocated`` minus what was allocated when the fit started).
+
+Measured results, commands and what they show: ``comparisons/benchmarks/results/falkon_gpu_h100.md``.
 """
 from __future__ import annotations
 
