@@ -132,9 +132,10 @@ def test_options_table(fk):
 
 def test_memory_option_caps_the_block_size(fk):
     X, Y = _toy(1000, d=3)
-    big = JokerFalkon(JGaussian(1.0), 1e-3, 2000, maxiter=1, seed=0,
+    # random features (M = 2000 > n is allowed for them; 'auto' would take Nystrom centres at this n)
+    big = JokerFalkon(JGaussian(1.0), 1e-3, 2000, maxiter=1, seed=0, features="cossin",
                       options=fk.FalkonOptions(use_cpu=True)).fit(X, Y)
-    small = JokerFalkon(JGaussian(1.0), 1e-3, 2000, maxiter=1, seed=0,
+    small = JokerFalkon(JGaussian(1.0), 1e-3, 2000, maxiter=1, seed=0, features="cossin",
                         options=fk.FalkonOptions(use_cpu=True, max_cpu_mem=4e6, memory_slack=1.0)).fit(X, Y)
     assert big.block_size_ == 2000 // 4  # default for M > 512: M / 4
     from joker_ext.memory import estimate_fit_memory
@@ -603,7 +604,8 @@ def test_random_features_converge_to_the_closed_form_of_their_own_problem():
     """Random-feature mode solves ridge regression on phi: (Phi^T Phi + I / C) beta = Phi^T y."""
     X, Y = _toy(500, d=3, seed=14)
     lam = 1e-3
-    m = JokerFalkon(JGaussian(1.2), lam, 100, maxiter=60, seed=5, block_size=500).fit(X, Y)
+    m = JokerFalkon(JGaussian(1.2), lam, 100, maxiter=60, seed=5, block_size=500, features="cossin",
+                    tol=1e-14).fit(X, Y)
     P = m.feature_map_(X)
     beta = torch.linalg.solve(P.T @ P + 500 * lam * torch.eye(100, dtype=P.dtype), P.T @ Y)
     assert _rel(m.alpha_, beta) < 1e-6
@@ -637,8 +639,8 @@ def test_warm_start_continues(fk, fopt):
     cold = JokerFalkon(kern, 1e-5, 200, maxiter=1, seed=7, options=fopt, block_size=400, tol=0.0).fit(X, Y)
     assert gap2 < gap1 and gap2 < cold.relative_gap_
     # from a converged solution a warm start stays put (same seed -> same features)
-    conv = JokerFalkon(kern, 1e-2, 100, maxiter=50, seed=7, options=fopt, block_size=1200).fit(X, Y)
-    again = JokerFalkon(kern, 1e-2, 100, maxiter=1, seed=7, options=fopt, block_size=1200).fit(
+    conv = JokerFalkon(kern, 1e-2, 100, maxiter=50, seed=7, options=fopt, block_size=1200, tol=1e-14).fit(X, Y)
+    again = JokerFalkon(kern, 1e-2, 100, maxiter=1, seed=7, options=fopt, block_size=1200, tol=1e-14).fit(
         X, Y, warm_start=conv.beta_)
     assert _rel(again.predict(X), conv.predict(X)) < 1e-8
 
