@@ -47,8 +47,8 @@ import torch
 from .engines import Monitor, register_solver, sigint_as_flag
 from .losses import Loss
 from .memory import is_out_of_memory
-from .newton_exact import cholesky_shifted
-from .solver import SolverOptions, SolverResult
+from .newton_exact import cholesky_shifted, newton_direction
+from .solver import SolverOptions, SolverResult, orthant_box
 
 __all__ = ["active_set", "supports_active_set"]
 
@@ -86,7 +86,7 @@ class _Column:
     """One target column: the box QP's data and the active-set iteration on it."""
 
     def __init__(self, K, diagK, loss: Loss, y, c, intercept: bool):
-        self.K, self.diagK, self.y, self.c = K, diagK, y, c
+        self.K, self.diagK, self.loss, self.y, self.c = K, diagK, loss, y, c
         self.kink = float(loss.kink)
         zero = torch.zeros_like(y)
         self.p0 = loss.psi_grad(zero, y, c)
@@ -106,13 +106,17 @@ class _Column:
             sgn = torch.where(z > t, torch.ones_like(z), torch.where(z < -t, -torch.ones_like(z), torch.zeros_like(z)))
         else:  # no kink: the side of zero does not matter
             sgn = torch.ones_like(z)
-        target = torch.minimum(torch.maximum(z - t * sgn, self.lo), self.hi)
-        code = torch.full_like(z, FREE, dtype=torch.int8)
+        return self._sets(torch.minimum(torch.maximum(z - t * sgn, self.lo), self.hi), sgn)
+
+    def _sets(self, target, sgn):
+        """``(code, sgn, value)``: each coordinate at ``lo`` or ``hi`` where ``target`` reaches it, at the kink
+        where ``sgn == 0`` (losses with a kink), free otherwise; ``value`` holds the fixed coordinates' values."""
+        code = torch.full_like(target, FREE, dtype=torch.int8)
         code = torch.where(target <= self.lo, torch.full_like(code, LOWER), code)
         code = torch.where(target >= self.hi, torch.full_like(code, UPPER), code)
         if self.kink:
             code = torch.where(sgn == 0, torch.full_like(code, ZERO), code)
-        value = torch.where(code == LOWER, self.lo, torch.where(code == UPPER, self.hi, torch.zeros_like(z)))
+        value = torch.where(code == LOWER, self.lo, torch.where(code == UPPER, self.hi, torch.zeros_like(target)))
         return code, sgn, value
 
     def solve(self, code, sgn, value, s, abar) -> Tuple[torch.Tensor, float]:
@@ -219,8 +223,6 @@ class _Column:
         """Projected Newton (Bertsekas) on the round's problem: a monotone descent that always makes progress,
         for rounds whose active sets cycle. Returns ``(a, f, b)`` after ``steps`` steps or at a stationary
         point."""
-        from .solver import orthant_box
-
         def gradient(a, f):
             grad = f + (self.h + s) * a - (self.y - self.p0 + s * abar)
             grad, lo, hi = orthant_box(self.kink, a, grad, self.lo, self.hi)
@@ -234,24 +236,11 @@ class _Column:
         for _ in range(steps):
             grad, lo, hi, b = gradient(a, f)
             g = grad + b
-            pg = a - self.project(a - g / d_all, lo, hi)
-            eps = min(1e-3 * self.scale, float(pg.abs().max()))
-            if float(pg.abs().max()) <= 1e-15 * max(1.0, float(a.abs().max())):
+            residual = float((a - self.project(a - g / d_all, lo, hi)).abs().max())
+            if residual <= 1e-15 * max(1.0, float(a.abs().max())):
                 break
-            fixed = ((a <= lo + eps) & (g > 0)) | ((a >= hi - eps) & (g < 0))
-            d = torch.where(fixed, -g / d_all, torch.zeros_like(a))
-            free = torch.nonzero(~fixed).reshape(-1)
-            if free.numel():
-                H = self.K.index_select(0, free).index_select(1, free)
-                H.diagonal().add_((self.h + s)[free])
-                L = cholesky_shifted(H)
-                del H
-                if self.intercept:
-                    sol = torch.cholesky_solve(torch.stack([-g[free], torch.ones_like(g[free])], 1), L)
-                    beta = float(sol[:, 0].sum() / sol[:, 1].sum())
-                    d[free] = sol[:, 0] - beta * sol[:, 1]
-                else:
-                    d[free] = torch.cholesky_solve(-g[free].unsqueeze(1), L).squeeze(1)
+            d = newton_direction(self.K, self.diagK, g, self.h + s, a, lo, hi, 1e-3 * self.scale,
+                                 residual=residual, bordered=self.intercept)
             phi0, t = self.objective(a, f, s, abar), 1.0
             for _ in range(30):
                 a_t = self.project(a + t * d, lo, hi)
@@ -268,32 +257,9 @@ class _Column:
         """Sets read off predictions ``F`` (intercept included): the minimiser of ``a F + g(a)`` with a little
         smoothing, so the points near a kink start free."""
         band = 0.05 * max(float(self.y.abs().mean()), 1e-12)
-        a, _ = _SetLoss(self).smoothed_dual(F, band)
-        code = torch.full_like(a, FREE, dtype=torch.int8)
-        code = torch.where(a <= self.lo, torch.full_like(code, LOWER), code)
-        code = torch.where(a >= self.hi, torch.full_like(code, UPPER), code)
-        sgn = torch.sign(a)
-        if self.kink:
-            code = torch.where(a == 0, torch.full_like(code, ZERO), code)
-        else:
-            sgn = torch.where(sgn == 0, torch.ones_like(sgn), sgn)
-        value = torch.where(code == LOWER, self.lo, torch.where(code == UPPER, self.hi, torch.zeros_like(a)))
-        return code, sgn, value
-
-
-class _SetLoss:
-    """The closed-form ``argmin_{a in box} a F + g(a) + band a^2 / (2 c)`` of a column's box QP."""
-
-    def __init__(self, col: _Column):
-        self.col = col
-
-    def smoothed_dual(self, F, band: float):
-        col = self.col
-        denom = col.h + band / col.c
-        r = col.y - F - col.p0
-        k = col.kink
-        a = torch.where(r - k > 0, (r - k) / denom, torch.where(r + k < 0, (r + k) / denom, torch.zeros_like(r)))
-        return torch.minimum(torch.maximum(a, col.lo), col.hi), denom
+        a, _ = self.loss.smoothed_dual(F, self.y, self.c, band)
+        sgn = torch.sign(a) if self.kink else torch.ones_like(a)
+        return self._sets(a, sgn)
 
 
 def _coarse_start(K, diagK, loss: Loss, y, c, intercept: bool, generator: torch.Generator):
@@ -302,31 +268,29 @@ def _coarse_start(K, diagK, loss: Loss, y, c, intercept: bool, generator: torch.
     m = max(BASE_ROWS, n // 4)
     idx = torch.randperm(n, generator=generator)[:m].to(K.device)
     Ks = K.index_select(0, idx).index_select(1, idx)
-    col = _Column(Ks, diagK[idx], loss, y[idx], c[idx] * (n / m), intercept)
-    a, f, b = _solve_column(col, None, _coarse_start_for(col, loss, intercept, generator), rounds=2)
+    y_s, c_s = y[idx], c[idx] * (n / m)
+    F0 = _coarse_start(Ks, diagK[idx], loss, y_s, c_s, intercept, generator) if m > BASE_ROWS else None
+    a, b = _rough_solve(_Column(Ks, diagK[idx], loss, y_s, c_s, intercept), F0, rounds=2)
     return K.index_select(1, idx) @ a + b
 
 
-def _coarse_start_for(col: _Column, loss: Loss, intercept: bool, generator):
-    if col.y.numel() <= BASE_ROWS:
-        return None
-    return _coarse_start(col.K, col.diagK, loss, col.y, col.c, intercept, generator)
-
-
-def _solve_column(col: _Column, a0: Optional[torch.Tensor], F0: Optional[torch.Tensor], *, rounds: int):
-    """A few proximal rounds from ``a0`` (or from the sets predicted by ``F0``): ``(a, f, b)``."""
-    a = torch.zeros_like(col.y) if a0 is None else a0.clone()
-    f = col.K @ a
+def _rough_solve(col: _Column, F0: Optional[torch.Tensor], *, rounds: int):
+    """``rounds`` settled proximal rounds from zero (or from the sets predicted by ``F0``): ``(a, b)``, for a
+    start only (sigma grows 10x per round whose sets cycle; at most ``4 rounds + 8`` tries)."""
+    a = torch.zeros_like(col.y)
+    f = torch.zeros_like(col.y)
     b, sigma = 0.0, SIGMA_START * col.scale
     sets = None if F0 is None else col.initial_sets(F0)
     done = 0
-    while done < rounds:
+    for _ in range(4 * rounds + 8):
+        if done == rounds:
+            break
         out = col.round(a, f, b, a, sigma / col.c, *(sets or (None, None, None)))
         sigma = next_sigma(sigma, None if out is None else out[3], SIGMA_FLOOR * col.scale)
         if out is not None:
             a, f, b, _, sets = out
             done += 1
-    return a, f, b
+    return a, b
 
 
 def active_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: Optional[SolverOptions] = None,

@@ -63,10 +63,16 @@ def cholesky_shifted(H: torch.Tensor) -> torch.Tensor:
     raise torch.linalg.LinAlgError("the Newton system could not be factored")
 
 
-def _newton_direction(K, diagK, grad, hess, a, lo, hi, eps0: float):
-    """Projected-Newton direction: Newton on the free set, scaled gradient on the epsilon-active set."""
-    pg = a - torch.minimum(torch.maximum(a - grad, lo), hi)
-    eps = min(eps0, float(pg.norm()))
+def newton_direction(K, diagK, grad, hess, a, lo, hi, eps0: float, *, residual: Optional[float] = None,
+                     bordered: bool = False):
+    """Projected-Newton direction: Newton on the free set, scaled gradient on the epsilon-active set.
+
+    The active set's width is ``eps = min(eps0, residual)``, ``residual`` by default the norm of the
+    projected-gradient step ``a - P(a - grad)``. ``bordered=True`` keeps the free coordinates' step on
+    ``sum_F d_F = 0`` (the Newton system bordered by the constraint ``sum_i a_i = 0`` of an intercept)."""
+    if residual is None:
+        residual = float((a - torch.minimum(torch.maximum(a - grad, lo), hi)).norm())
+    eps = min(eps0, residual)
     fixed = ((a <= lo + eps) & (grad > 0)) | ((a >= hi - eps) & (grad < 0)) | (lo == hi)
     d = torch.where(fixed, -grad / (diagK + hess).clamp_min(torch.finfo(a.dtype).tiny), torch.zeros_like(a))
     free = torch.nonzero(~fixed).reshape(-1)
@@ -75,7 +81,11 @@ def _newton_direction(K, diagK, grad, hess, a, lo, hi, eps0: float):
         H.diagonal().add_(hess[free])
         L = cholesky_shifted(H)
         del H
-        d[free] = -torch.cholesky_solve(grad[free].unsqueeze(1), L).squeeze(1)
+        if bordered:
+            sol = torch.cholesky_solve(torch.stack([-grad[free], torch.ones_like(grad[free])], 1), L)
+            d[free] = sol[:, 0] - (sol[:, 0].sum() / sol[:, 1].sum()) * sol[:, 1]
+        else:
+            d[free] = -torch.cholesky_solve(grad[free].unsqueeze(1), L).squeeze(1)
     return d
 
 
@@ -153,7 +163,7 @@ class _Column:
         grad = self.f + self.loss.conj_grad(a, self.y, self.c) + sm * a / self.c
         grad, lo, hi = orthant_box(self.loss.kink, a, grad, self.lo, self.hi)
         hess = self.loss.psi_hess(a, self.y, self.c) + sm / self.c
-        d = _newton_direction(self.K, self.diagK, grad, hess, a, lo, hi, self.eps0)
+        d = newton_direction(self.K, self.diagK, grad, hess, a, lo, hi, self.eps0)
         t = 1.0
         for _ in range(MAX_HALVINGS):
             s = torch.minimum(torch.maximum(a + t * d, lo), hi) - a
