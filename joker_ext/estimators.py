@@ -455,26 +455,21 @@ class _JokerBase(BaseEstimator):
         data = BlockData(Xt, self.dtype_, self.device_)
         Yt = torch.as_tensor(Yk)
         mode = "exact" if self.feature_map_ is None else "features"
-        if self.fit_intercept and supports_intercept(self.solver_, mode):
-            model = fit_dual(data, Yt, loss=loss, c=c, kernel=self.kernel_, feature_map=self.feature_map_,
-                             options=opts, dtype=self.dtype_, device=self.device_, alpha0=alpha0,
-                             max_memory=self.max_memory, solver=self.solver_, intercept=True)
-            res = model.result
-            n_iter, rounds = res.n_iter, 1
-            intercept = res.state["intercept"].double().cpu().numpy()
-        elif self.fit_intercept:
+        in_engine = self.fit_intercept and supports_intercept(self.solver_, mode)  # the engine fits b itself
+        if self.fit_intercept and not in_engine:
             model, intercept, res, n_iter, rounds = self._fit_with_intercept(data, Yt, loss, c, opts, alpha0, b0)
         else:
+            checkpoint = None if self.fit_intercept else self.checkpoint  # documented: not with an intercept
             resume = None
-            if self.checkpoint is not None and os.path.isfile(self.checkpoint) and alpha0 is None:
-                resume = self.checkpoint  # continue an interrupted fit of the same data bitwise
+            if checkpoint is not None and os.path.isfile(checkpoint) and alpha0 is None:
+                resume = checkpoint  # continue an interrupted fit of the same data bitwise
             model = fit_dual(data, Yt, loss=loss, c=c, kernel=self.kernel_, feature_map=self.feature_map_,
                              options=opts, dtype=self.dtype_, device=self.device_, alpha0=alpha0,
-                             max_memory=self.max_memory, resume=resume, checkpoint_path=self.checkpoint,
-                             checkpoint_every=self.checkpoint_every, solver=self.solver_)
+                             max_memory=self.max_memory, resume=resume, checkpoint_path=checkpoint,
+                             checkpoint_every=self.checkpoint_every, solver=self.solver_, intercept=in_engine)
             res = model.result
-            n_iter, rounds = res.n_iter, 0
-            intercept = np.zeros(Yk.shape[1])
+            n_iter, rounds = res.n_iter, int(in_engine)
+            intercept = res.state["intercept"].double().cpu().numpy() if in_engine else np.zeros(Yk.shape[1])
         self.X_fit_ = np.asarray(Xk, dtype=np.float64 if self.dtype_ == torch.float64 else np.float32)
         self._fit_fingerprint = fingerprint
         self.dual_coef_ = model.alpha.detach().cpu().numpy()
