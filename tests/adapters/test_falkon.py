@@ -26,28 +26,6 @@ from joker_ext.features import make_feature_map
 from joker_ext.kernels import CallableKernel, StationaryKernel
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small problems: on the shared 2-core CI machine one BLAS thread is several times faster than two
-    competing ones. Restored after each test."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture
-def fk():
-    """The Falkon package, or skip (Falkon is optional: it is installed from its public source)."""
-    return pytest.importorskip("falkon")
-
-
-@pytest.fixture
-def fopt(fk):
-    """Falkon options used throughout: CPU, no KeOps (fast, deterministic)."""
-    return fk.FalkonOptions(use_cpu=True, keops_active="no")
-
-
 def _toy(n=400, d=4, seed=0, dtype=torch.float64, T=1):
     g = torch.Generator().manual_seed(seed)
     X = torch.randn(n, d, generator=g, dtype=dtype)

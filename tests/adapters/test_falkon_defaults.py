@@ -19,24 +19,6 @@ from joker_ext.kernels import median_heuristic
 N_TRAIN, N_TEST, M = 2000, 2000, 500
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture
-def fk():
-    return pytest.importorskip("falkon")
-
-
-@pytest.fixture
-def fopt(fk):
-    return fk.FalkonOptions(use_cpu=True, keops_active="no")
-
-
 def _problem(kind: str, n: int = N_TRAIN, seed: int = 0):
     """A scikit-learn problem, z-scored with the training statistics; -1/+1 labels for classification."""
     from sklearn import datasets

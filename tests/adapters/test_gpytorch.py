@@ -29,15 +29,6 @@ from joker_ext.kernels import CallableKernel, StationaryKernel, SumKernel  # noq
 D = 3
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Small dense linear algebra is far slower with 2 OpenMP threads on a shared 2-core machine.
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def _data(n=200, d=D, seed=0, m=60):
     g = torch.Generator().manual_seed(seed)
     X = torch.randn(n, d, generator=g, dtype=torch.float64)
