@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -54,43 +53,13 @@ from typing import List, Optional
 
 import numpy as np
 
+from comparisons.benchmarks._process import cpu_seconds, maxrss_mb, reset_peak, status_mb
+
 MODULE = "comparisons.benchmarks.falkon_cpu"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # ============================================================================ memory and time
-def _status_mb(field: str) -> float:
-    """A field of /proc/self/status (VmRSS, VmHWM) in MiB; NaN where unavailable."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith(field + ":"):
-                    return float(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
-
-
-def _maxrss_mb() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return r / 2**20 if sys.platform == "darwin" else r / 1024
-
-
-def _reset_peak() -> bool:
-    """Reset this process's peak RSS (VmHWM) to its current RSS (Linux >= 4.0); False where unsupported."""
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _cpu_seconds() -> float:
-    u = resource.getrusage(resource.RUSAGE_SELF)
-    return u.ru_utime + u.ru_stime
-
-
 class _Meter:
     """Peak memory above the baseline and wall / CPU time of one fit."""
 
@@ -98,18 +67,18 @@ class _Meter:
         import gc
 
         gc.collect()
-        self.reset = _reset_peak()
-        self.base = _status_mb("VmRSS")
-        self.maxrss_before = _maxrss_mb()
-        self.t0, self.c0 = time.perf_counter(), _cpu_seconds()
+        self.reset = reset_peak()
+        self.base = status_mb("VmRSS")
+        self.maxrss_before = maxrss_mb()
+        self.t0, self.c0 = time.perf_counter(), cpu_seconds()
         return self
 
     def __exit__(self, *exc):
         self.wall = time.perf_counter() - self.t0
-        self.cpu = _cpu_seconds() - self.c0
-        peak = _status_mb("VmHWM") if self.reset else _maxrss_mb()
+        self.cpu = cpu_seconds() - self.c0
+        peak = status_mb("VmHWM") if self.reset else maxrss_mb()
         self.peak_mb = peak - self.base
-        self.upper_bound = (not self.reset) and _maxrss_mb() == self.maxrss_before
+        self.upper_bound = (not self.reset) and maxrss_mb() == self.maxrss_before
         return False
 
 

@@ -31,11 +31,12 @@ import argparse
 import json
 import math
 import os
-import resource
 import subprocess
 import sys
 import tempfile
 import time
+
+from comparisons.benchmarks._process import maxrss_mb, reset_peak, status_mb
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PENALTY = 1e-6
@@ -50,28 +51,6 @@ def _result(p, what):
         if line.startswith("RESULT "):
             return json.loads(line[7:])
     raise RuntimeError(f"{what} failed (rc {p.returncode}): {p.stderr.strip()[-2000:]}")
-
-
-def _maxrss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _status_mb(field: str) -> float:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(field + ":"):
-                return float(line.split()[1]) / 1024
-    return float("nan")
-
-
-def _reset_peak() -> bool:
-    """Reset this process's peak RSS (VmHWM) to its current RSS (Linux >= 4.0); False if unsupported."""
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-        return True
-    except OSError:
-        return False
 
 
 # ============================================================================ part 3 workers
@@ -90,8 +69,8 @@ def _flights_worker(args):
     opts = FalkonOptions(use_cpu=True, keops_active="no")
     import gc
     gc.collect()
-    reset = _reset_peak()
-    base = _status_mb("VmRSS") if reset else _maxrss_mb()
+    reset = reset_peak()
+    base = status_mb("VmRSS") if reset else maxrss_mb()
     out = {"baseline_mb": base, "peak_reset": reset}
     if args.worker == "falkon":
         kern = falkon.kernels.GaussianKernel(args.sigma, opt=opts)
@@ -117,8 +96,8 @@ def _flights_worker(args):
         out["rmses"] = [float(e) for e in model.val_errors_] if err is not None else []
         out["block_size"] = int(getattr(model, "block_size_", 0) or 0)
         out["rmse"] = rmse(yts, model.predict(Xts))
-    out["peak_mb"] = _status_mb("VmHWM") if reset else _maxrss_mb()
-    out["maxrss_mb"] = _maxrss_mb()
+    out["peak_mb"] = status_mb("VmHWM") if reset else maxrss_mb()
+    out["maxrss_mb"] = maxrss_mb()
     print("RESULT " + json.dumps(out), flush=True)
 
 
