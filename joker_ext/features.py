@@ -198,14 +198,18 @@ class RandomFeatureMap(FeatureMap):
         return self._cache[key]
 
     # ------------------------------------------------------------------ evaluation
-    def __call__(self, X: torch.Tensor) -> torch.Tensor:
-        """Return ``phi(X)``, an (n, n_features) tensor (see the module docstring for the scaling)."""
+    def _check_input(self, X: torch.Tensor) -> None:
+        """``X`` must be (n, d) with the map's ``d`` (drawn on first use when not set yet)."""
         if X.dim() != 2:
             raise ValueError(f"X must be 2-D, got shape {tuple(X.shape)}")
         if self.input_dim is None:
             self.fit(X.shape[1])
         elif X.shape[1] != self.input_dim:
             raise ValueError(f"X has {X.shape[1]} features, the feature map was drawn for {self.input_dim}")
+
+    def __call__(self, X: torch.Tensor) -> torch.Tensor:
+        """Return ``phi(X)``, an (n, n_features) tensor (see the module docstring for the scaling)."""
+        self._check_input(X)
         cd = getattr(self, "compute_dtype", None)
         if cd is not None and X.dtype != cd:
             return self._evaluate(X.to(cd)).to(X.dtype)
@@ -250,12 +254,7 @@ class RandomFeatureMap(FeatureMap):
         side (``cos w_1.x, sin w_1.x, cos w_2.x, ...``; an odd ``M``'s random-phase column last), so that
         on a GPU one complex exponential (``torch.polar``) evaluates both in one read of ``X W``. See
         :meth:`pass_layout` for the relation with ``self(X)``."""
-        if X.dim() != 2:
-            raise ValueError(f"X must be 2-D, got shape {tuple(X.shape)}")
-        if self.input_dim is None:
-            self.fit(X.shape[1])
-        elif X.shape[1] != self.input_dim:
-            raise ValueError(f"X has {X.shape[1]} features, the feature map was drawn for {self.input_dim}")
+        self._check_input(X)
         W, b = self._params(X.dtype, X.device)
         if self.form == "cos":
             return torch.addmm(b, X, W).cos_()
