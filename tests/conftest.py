@@ -3,7 +3,22 @@
 Tests run on small problems where one thread is as fast as two, and several test processes (or other
 work) may share the machine's cores: oversubscribed OpenMP threads slow small dense kernels (eigh,
 QR) down by orders of magnitude, so the suite pins torch to one thread.
+
+Falkon is optional: its tests skip without it (``pytest.importorskip("falkon")``). With
+``JOKER_REQUIRE_FALKON=1`` (set by ``.ci/run`` when it installed Falkon) the session stops at once if Falkon
+cannot be imported, so that those tests cannot skip silently.
 """
+import os
+
+import pytest
 import torch
 
 torch.set_num_threads(1)
+
+
+def pytest_configure(config):
+    if os.environ.get("JOKER_REQUIRE_FALKON", "") not in ("", "0"):
+        try:
+            import falkon  # noqa: F401
+        except ImportError as exc:
+            raise pytest.UsageError(f"JOKER_REQUIRE_FALKON is set but Falkon cannot be imported: {exc!r}") from exc

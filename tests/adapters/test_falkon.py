@@ -98,11 +98,23 @@ def test_joker_kernels_pass_through_and_others_are_rejected():
 
 
 # ============================================================================ options
-def test_options_table(fk):
+def test_options_table(fk, monkeypatch):
     o = translate_options(fk.FalkonOptions(use_cpu=True, keops_active="no", cg_tolerance=1e-5, debug=True))
     assert o["device"] == torch.device("cpu") and o["backend"] == "torch" and o["verbose"]
     assert o["tol"] == pytest.approx(1e-10)
-    assert translate_options(fk.FalkonOptions(use_cpu=True, keops_active="force"))["backend"] == "keops"
+    force = fk.FalkonOptions(use_cpu=True, keops_active="force")
+    try:
+        import pykeops.torch  # noqa: F401
+    except ImportError:
+        # Without KeOps, 'force' is refused with the package to install ...
+        with pytest.raises(ImportError, match="pykeops"):
+            translate_options(force)
+        # ... and with it (here a stand-in module: the translation only imports it), 'force' selects KeOps.
+        import types
+
+        monkeypatch.setitem(sys.modules, "pykeops", types.ModuleType("pykeops"))
+        monkeypatch.setitem(sys.modules, "pykeops.torch", types.ModuleType("pykeops.torch"))
+    assert translate_options(force)["backend"] == "keops"
     o = translate_options(fk.FalkonOptions(use_cpu=True, max_cpu_mem=1e8, memory_slack=0.5))
     assert o["memory"] == pytest.approx(5e7)
     assert translate_options(None, tol=1e-3)["tol"] == 1e-3
