@@ -19,6 +19,12 @@ One Newton iteration:
    ``max_cg`` products; each product is one pass, which also accumulates ``Phi d`` for free;
 3. an Armijo search on ``P_s(beta + t d)``: with ``Phi d`` known, every trial is O(n), no pass.
 
+When the primal is a quadratic (the squared loss: ``w`` does not depend on ``f``) the first Newton step
+is the whole solve: its conjugate gradients run until the duality gap at the iterate, which a quadratic
+gives in O(n + M) from the CG residual (:func:`_gap_test`), reaches ``tol``; a second gradient pass
+certifies it. A fit is then ``k + 2`` passes for ``k`` CG iterations, where restarting CG at every
+inexact Newton step would pay a gradient pass and a fresh Krylov space each time.
+
 Preconditioner: a randomized Nystrom approximation ``U diag(lam) U^T`` of rank ``r`` of ``Phi^T W Phi``
 (Frangella, Tropp and Udell, 2023), sketched on ``n_s`` sampled rows (scaled by ``n / n_s``), applied as
 ``P^{-1} v = U diag((lam_r + 1) / (lam + 1)) U^T v + (v - U U^T v)``. It is recomputed when ``W`` changes.
@@ -442,12 +448,14 @@ def _apply(precond, R: torch.Tensor) -> torch.Tensor:
     return torch.stack([precond[t].apply(R[:, t]) for t in range(R.shape[1])], dim=1)
 
 
-def _pcg(passes: _Passes, grad, W, precond, eta: float, max_cg: int):
+def _pcg(passes: _Passes, grad, W, precond, eta: float, max_cg: int, still_open=None):
     """Solve ``(I + Phi^T W Phi) D = -grad`` column by column in lockstep; returns ``(D, Phi D)``.
 
     No host synchronisation inside the loop: a column stops moving (zero step) once its residual is below
-    ``eta ||grad||``; whether any column still moves is read back one iteration late (:class:`_Flags`),
-    and a product queued after the last useful iteration is abandoned as soon as that is known.
+    ``eta ||grad||`` or ``still_open(D, Phi D, R)`` (a boolean per column, computed on the device; see
+    :func:`_gap_test`) turns false; whether any column still moves is read back one iteration late
+    (:class:`_Flags`), and a product queued after the last useful iteration is abandoned as soon as that
+    is known.
     """
     T = grad.shape[1]
     D = torch.zeros_like(grad)
@@ -480,12 +488,43 @@ def _pcg(passes: _Passes, grad, W, precond, eta: float, max_cg: int):
         Z.add_(step * PhiP)
         R.sub_(step * HP)
         active = active & (R.norm(dim=0) > target)
+        if still_open is not None:
+            active = active & still_open(D, Z, R)
         flags.post(j + 1, active)
         Zr = _apply(precond, R)
         rz_new = (R * Zr).sum(0)
         P = Zr + torch.where(rz > 0, rz_new / torch.where(rz > 0, rz, torch.ones_like(rz)), torch.zeros_like(rz)) * P
         rz = rz_new
     return D, Z
+
+
+def constant_curvature(loss: Loss, Y: torch.Tensor, c_col: torch.Tensor) -> bool:
+    """True when the primal is a quadratic of ``beta`` (the squared loss and its rescalings): ``psi``
+    quadratic with ``psi'' > 0``, no kink and an unbounded box, so that ``w`` does not depend on ``f``."""
+    if not loss.quadratic or loss.kink:
+        return False
+    lo, hi = loss.box(Y, c_col)
+    return bool(torch.isinf(lo).all() and torch.isinf(hi).all() and (loss.psi_hess(torch.zeros_like(Y), Y, c_col)
+                                                                    > 0).all())
+
+
+def _gap_test(loss: Loss, Y, c_col, beta, F, tol: float):
+    """``still_open(D, Z, R)`` for :func:`_pcg` on a quadratic primal: the relative duality gap at
+    ``beta + D`` is above ``tol``, computed in O(n + M) without a pass.
+
+    On a quadratic the CG residual is the negative gradient at the iterate, ``R = Phi^T a(f) - (beta + D)``
+    with ``f = F + Z``, so ``Phi^T a(f) = beta + D + R`` and the certificate ``P(beta + D) + D(a(f))`` needs
+    no product with ``Phi``. (The residual is the recurrence's: the next Newton iteration's gradient pass
+    certifies the gap from scratch.)
+    """
+    def still_open(D, Z, R):
+        b, f = beta + D, F + Z
+        a, _ = loss.smoothed_dual(f, Y, c_col)
+        primal = 0.5 * (b * b).sum(0) + (c_col * loss.value(Y, f)).sum(0)
+        phi_a = b + R
+        dual = 0.5 * (phi_a * phi_a).sum(0) + loss.conj(a, Y, c_col).sum(0)
+        return primal + dual > tol * torch.maximum(primal.abs(), dual.abs())
+    return still_open
 
 
 def _line_search(loss: Loss, Y, c_col, beta, D, F, Z, grad, smoothing: float) -> Optional[float]:
@@ -548,6 +587,8 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
     else:
         beta = torch.zeros(M, T, dtype=dtype, device=device)
     s0 = float(c_col.mean()) if needs_smoothing(loss, Y, c_col) else 0.0
+    # a quadratic primal is solved by one conjugate-gradient run that stops at the duality gap itself
+    quadratic = constant_curvature(loss, Y, c_col)
     smoothing = Continuation(s0)
     rank = min(M, opts.newton_rank or default_rank(M, device))
     gen = torch.Generator().manual_seed(int(opts.seed))
@@ -585,8 +626,13 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
                     precond = None  # free the old factor first
                     precond = [passes.preconditioner(sample, w_sample[:, t], rank, gen_sketch) for t in range(T)]
                     precond_w = w_sample
-                eta = min(0.1, max(cg_floor, math.sqrt(max(float(rel.max()), 0.0))))
-                D, Z = _pcg(passes, g["grad"], g["W"], precond, eta, opts.max_cg)
+                if quadratic:
+                    # the gap test decides; no float32 floor (a recurrence that drifts is caught by the
+                    # next gradient pass, which is float64)
+                    eta, still_open = opts.newton_cg_tol, _gap_test(loss, Y, c_col, beta, g["F"], opts.tol)
+                else:
+                    eta, still_open = min(0.1, max(cg_floor, math.sqrt(max(float(rel.max()), 0.0)))), None
+                D, Z = _pcg(passes, g["grad"], g["W"], precond, eta, opts.max_cg, still_open)
                 t = _line_search(loss, Y, c_col, beta, D, g["F"], Z, g["grad"], smoothing.value)
                 it += 1
                 if t is None:

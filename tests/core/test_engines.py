@@ -87,6 +87,29 @@ def test_feature_newton_logistic_matches_scikit_learn_logistic_regression():
     np.testing.assert_allclose(m.beta[:, 0].numpy(), sk.coef_[0], rtol=1e-4, atol=1e-6)  # lbfgs stops near 1e-7
 
 
+@pytest.mark.parametrize("compute_dtype", [None, torch.float32])
+def test_feature_newton_squared_is_ridge_in_one_conjugate_gradient_run(compute_dtype):
+    """A quadratic primal: one Newton step whose CG stops at the duality gap (``k`` products plus the two
+    gradient passes), landing on the ridge closed form ``(Phi^T C Phi + I) beta = Phi^T C y``; float32
+    feature passes included (the float64 gradient pass certifies the gap)."""
+    from joker_ext.features import RandomFeatureMap
+
+    X, y = make_regression(n=500, seed=4)
+    C = 50.0
+    fmap = RandomFeatureMap(GaussianKernel(1.0), 120, seed=1, compute_dtype=compute_dtype)
+    Xt = torch.as_tensor(X)
+    op = FeatureOperator(fmap, BlockData(Xt, F64, torch.device("cpu")), chunk_rows=128)
+    res = feature_newton(op, torch.as_tensor(y).reshape(-1, 1), get_loss("squared"),
+                         torch.full((500,), C, dtype=F64),
+                         SolverOptions(max_iter=20, tol=1e-9, max_cg=200, newton_rank=5, newton_sketch_rows=100))
+    assert res.status == "converged" and res.rel_gap <= 1e-9
+    Phi = fmap(Xt)
+    ref = torch.linalg.solve(C * Phi.T @ Phi + torch.eye(120, dtype=F64), C * Phi.T @ torch.as_tensor(y))
+    np.testing.assert_allclose(res.state["beta"][:, 0].numpy(), ref.numpy(), rtol=1e-4, atol=1e-4 * float(ref.abs().max()))
+    if compute_dtype is None:  # float64 passes: the in-CG gap is exact, one Newton step suffices
+        assert res.n_iter == 1 and res.history[-1]["passes"] > 10  # (a weak preconditioner: many CG steps)
+        assert res.rel_gap > 1e-13  # stopped at the gap, not run on to a residual at rounding level
+
 def test_feature_newton_several_targets_equal_separate_fits():
     X, y = make_regression(n=300, seed=2)
     Y = np.stack([y, np.sin(3 * y)], axis=1)
