@@ -6,7 +6,7 @@ descriptions; no solver logic lives here.
 """
 from __future__ import annotations
 
-from joker_ext.kernels import Kernel
+from joker_ext.kernels import Kernel, register_kernel_translator
 
 __all__ = ["translate_kernel"]
 
@@ -46,3 +46,8 @@ def translate_kernel(kernel) -> Kernel:
         "kernel must be 'gaussian', 'laplacian', 'laplacian_l1', 'matern', a joker_ext kernel, a Falkon kernel "
         f"or a GPyTorch kernel; got an object of type {type(kernel).__module__}.{type(kernel).__name__}"
     )
+
+
+# The core (joker_ext.kernels.as_kernel, used by the scikit-learn estimators) reaches other libraries' kernels
+# through this translator, without importing the adapters itself.
+register_kernel_translator(translate_kernel)

@@ -92,3 +92,7 @@ def _expose_source_adapters() -> None:
 
 
 _expose_source_adapters()
+
+# joker_ext.adapters registers the translator of other libraries' kernel objects (scikit-learn, Falkon, GPyTorch)
+# with joker_ext.kernels; importing it here imports none of those libraries.
+from . import adapters  # noqa: E402,F401

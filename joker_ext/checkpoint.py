@@ -26,10 +26,20 @@ import numpy as np
 import torch
 
 __all__ = ["atomic_save", "load_checkpoint", "save_solver_state", "load_solver_state", "save_estimator",
-           "load_estimator", "SolverCheckpointer"]
+           "load_estimator", "register_estimator", "SolverCheckpointer"]
 
 FORMAT_VERSION = 1
 PathLike = Union[str, os.PathLike]
+
+#: The estimator classes :func:`load_estimator` rebuilds, by class name. :mod:`joker_ext.estimators` registers
+#: its classes here (this module sits below the estimators and the solver driver, and imports neither).
+_ESTIMATOR_CLASSES: Dict[str, type] = {}
+
+
+def register_estimator(cls: type) -> type:
+    """Class decorator: let :func:`load_estimator` rebuild estimators of class ``cls`` (found by its name)."""
+    _ESTIMATOR_CLASSES[cls.__name__] = cls
+    return cls
 
 
 def atomic_save(obj: Dict[str, Any], path: PathLike) -> Path:
@@ -182,7 +192,6 @@ def save_estimator(estimator, path: PathLike) -> Path:
 
 def load_estimator(path: PathLike):
     """Rebuild an estimator saved by :func:`save_estimator`; it predicts exactly as the saved one."""
-    from . import estimators as est_mod
     from .data import resolve_device, resolve_dtype
     from .features import make_feature_map
     from .kernels import StationaryKernel
@@ -190,7 +199,7 @@ def load_estimator(path: PathLike):
 
     obj = load_checkpoint(path, kind="estimator")
     meta = json.loads(obj["meta"])
-    cls = {"JokerRegressor": est_mod.JokerRegressor, "JokerClassifier": est_mod.JokerClassifier}.get(meta["class"])
+    cls = _ESTIMATOR_CLASSES.get(meta["class"])
     if cls is None:
         raise ValueError(f"unknown estimator class {meta['class']!r} in {str(path)!r}")
     est = cls(**meta["params"])

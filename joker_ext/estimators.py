@@ -32,10 +32,11 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import _check_sample_weight, check_is_fitted, validate_data
 
+from .checkpoint import register_estimator
 from .conversions import gamma_to_sigma
 from .data import BlockData, resolve_device, resolve_dtype
 from .features import ConcatFeatureMap, FeatureMap, make_feature_map
-from .kernels import Kernel, StationaryKernel, SumKernel, make_kernel, median_heuristic
+from .kernels import Kernel, StationaryKernel, SumKernel, as_kernel, make_kernel, median_heuristic
 from .losses import Loss, get_loss
 from .engines import default_max_iter, resolve_solver, supports_intercept
 from .memory import parse_memory
@@ -56,19 +57,6 @@ def _to_numpy(X):
     if torch.is_tensor(X):
         return X.detach().cpu().numpy()
     return X
-
-
-def _resolve_kernel_object(kernel):
-    """Joker kernels pass through; other libraries' kernel objects go through the adapters."""
-    if isinstance(kernel, Kernel):
-        return kernel
-    if (type(kernel).__module__ or "").split(".")[0] == "sklearn":
-        from .adapters.sklearn import translate_kernel as _sk_translate  # scikit-learn kernel objects
-
-        return _sk_translate(kernel)
-    from .adapters import translate_kernel  # imported lazily: optional dependencies
-
-    return translate_kernel(kernel)
 
 
 def _fingerprint(*arrays) -> str:
@@ -363,7 +351,7 @@ class _JokerBase(BaseEstimator):
                 )
             sigma = self._effective_sigma(X)
             return make_kernel(self.kernel, sigma, nu=self.nu if self.kernel == "matern" else None)
-        return _resolve_kernel_object(self.kernel)
+        return as_kernel(self.kernel)  # other libraries' kernel objects: joker_ext.adapters translates them
 
     def _tol(self) -> float:
         if self.tol is not None:
@@ -787,6 +775,7 @@ _COMMON_ATTRS_DOC = """
 """
 
 
+@register_estimator
 class JokerRegressor(RegressorMixin, _JokerBase):
     _allowed_losses = REGRESSION_LOSSES
 
@@ -858,6 +847,7 @@ JokerRegressor.__doc__ = """Kernel regression with any convex loss, trained by D
                                 default_loss="squared") + _COMMON_ATTRS_DOC
 
 
+@register_estimator
 class JokerClassifier(ClassifierMixin, _JokerBase):
     _allowed_losses = CLASSIFICATION_LOSSES
     _parameter_constraints = {

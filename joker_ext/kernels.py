@@ -45,6 +45,8 @@ __all__ = [
     "make_kernel",
     "median_heuristic",
     "keops_available",
+    "as_kernel",
+    "register_kernel_translator",
     "KERNEL_FAMILIES",
 ]
 
@@ -423,6 +425,29 @@ def median_heuristic(
     if d.numel() == 0:
         return 1.0
     return float(np.median(d.numpy()))  # numpy's median averages the two middle values
+
+
+# Kernel objects of other libraries (scikit-learn, Falkon, GPyTorch) are translated by joker_ext.adapters, which
+# registers its translator here when it is imported (joker_ext's __init__ imports it): the core never imports
+# its adapters.
+_kernel_translator: Optional[Callable[[object], Kernel]] = None
+
+
+def register_kernel_translator(translate: Callable[[object], Kernel]) -> None:
+    """Set the function :func:`as_kernel` hands other libraries' kernel objects to."""
+    global _kernel_translator
+    _kernel_translator = translate
+
+
+def as_kernel(kernel) -> Kernel:
+    """``kernel`` as a :class:`Kernel`: joker_ext kernels unchanged, other libraries' kernel objects translated
+    (:func:`joker_ext.adapters.translate_kernel`)."""
+    if isinstance(kernel, Kernel):
+        return kernel
+    if _kernel_translator is None:
+        raise TypeError(f"kernel must be a joker_ext kernel (joker_ext.adapters, which translates other libraries' "
+                        f"kernels, is not loaded); got {type(kernel).__module__}.{type(kernel).__name__}")
+    return _kernel_translator(kernel)
 
 
 def make_kernel(
