@@ -26,7 +26,7 @@ def _list_backends() -> str:
     import sys as _sys
 
     from .backends.base import Skip, package_available
-    from .runner import backend_class
+    from .backends import backend_class
     from .spec import ALL_BACKENDS
 
     lines = ["| backend | available | losses | what |", "|---|---|---|---|"]

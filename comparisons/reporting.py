@@ -204,7 +204,7 @@ def _load_trace(out: Path, row: Dict[str, Any]) -> Optional[Dict[str, Any]]:
 
 def _uses_M(backend: str) -> bool:
     try:
-        from .runner import backend_class
+        from .backends import backend_class
 
         return bool(backend_class(backend).uses_M)
     except Exception:

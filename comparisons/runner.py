@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib
 import json
 import math
 import multiprocessing as mp
@@ -43,6 +42,7 @@ import numpy as np
 from joker_ext.validation import check_choice, check_positive, check_positive_int
 
 from . import spec as _spec
+from .backends import backend_class
 from .spec import TASKS, ExperimentSpec
 
 __all__ = [
@@ -61,32 +61,6 @@ __all__ = [
 TRACE_TEST_POINTS = 1000
 #: Seconds granted on top of ``spec.seconds`` for the run process to start and load its data.
 STARTUP_GRACE = 5.0
-
-_BACKEND_MODULES = {
-    "joker": ("comparisons.backends.joker", "JokerBackend"),
-    "joker_rf": ("comparisons.backends.joker", "JokerRFBackend"),
-    "joker_nystrom": ("comparisons.backends.joker", "JokerNystromBackend"),
-    "falkon": ("comparisons.backends.falkon", "FalkonBackend"),
-    "sklearn": ("comparisons.backends.sklearn", "SklearnBackend"),
-    "gpytorch": ("comparisons.backends.gpytorch", "GPyTorchBackend"),
-    "eigenpro2": ("comparisons.backends.eigenpro", "EigenPro2Backend"),
-    "eigenpro3": ("comparisons.backends.eigenpro", "EigenPro3Backend"),
-    "askotch": ("comparisons.backends.askotch", "ASkotchBackend"),
-    "dsg": ("comparisons.backends.dsg", "DSGBackend"),
-    "admm_svm": ("comparisons.backends.admm_svm", "ADMMSVMBackend"),
-    # deliberately failing backends for the harness's own tests (not part of 'all')
-    "_crash": ("comparisons.backends._faults", "CrashBackend"),
-    "_hang": ("comparisons.backends._faults", "HangBackend"),
-    "_die": ("comparisons.backends._faults", "DieBackend"),
-}
-
-
-def backend_class(name: str):
-    """The backend class registered under ``name`` (imports its module, which imports nothing heavy)."""
-    check_choice("backend", name, tuple(_BACKEND_MODULES))
-    module, cls = _BACKEND_MODULES[name]
-    return getattr(importlib.import_module(module), cls)
-
 
 # ---------------------------------------------------------------------------- metrics
 def primary_metric(task: str) -> str:

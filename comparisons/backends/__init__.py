@@ -17,8 +17,38 @@ admm_svm        :mod:`comparisons.backends.admm_svm`             ADMM (+ HSS) SV
 =============== ================================================ =========================================
 
 Adding a backend: write a module with a :class:`~comparisons.backends.base.Backend` subclass, register it
-in ``comparisons.runner._BACKEND_MODULES`` and in ``comparisons.spec.ALL_BACKENDS``.
+in :data:`BACKEND_MODULES` below and in ``comparisons.spec.ALL_BACKENDS``.
 """
+import importlib
+
+from joker_ext.validation import check_choice
+
 from .base import Backend, Problem, Skip
 
-__all__ = ["Backend", "Problem", "Skip"]
+__all__ = ["Backend", "Problem", "Skip", "BACKEND_MODULES", "backend_class"]
+
+#: name -> (module, class) of each backend; a backend's module is imported only when the backend is used.
+BACKEND_MODULES = {
+    "joker": ("comparisons.backends.joker", "JokerBackend"),
+    "joker_rf": ("comparisons.backends.joker", "JokerRFBackend"),
+    "joker_nystrom": ("comparisons.backends.joker", "JokerNystromBackend"),
+    "falkon": ("comparisons.backends.falkon", "FalkonBackend"),
+    "sklearn": ("comparisons.backends.sklearn", "SklearnBackend"),
+    "gpytorch": ("comparisons.backends.gpytorch", "GPyTorchBackend"),
+    "eigenpro2": ("comparisons.backends.eigenpro", "EigenPro2Backend"),
+    "eigenpro3": ("comparisons.backends.eigenpro", "EigenPro3Backend"),
+    "askotch": ("comparisons.backends.askotch", "ASkotchBackend"),
+    "dsg": ("comparisons.backends.dsg", "DSGBackend"),
+    "admm_svm": ("comparisons.backends.admm_svm", "ADMMSVMBackend"),
+    # deliberately failing backends for the harness's own tests (not part of 'all')
+    "_crash": ("comparisons.backends._faults", "CrashBackend"),
+    "_hang": ("comparisons.backends._faults", "HangBackend"),
+    "_die": ("comparisons.backends._faults", "DieBackend"),
+}
+
+
+def backend_class(name: str):
+    """The backend class registered under ``name`` (imports its module, which imports nothing heavy)."""
+    check_choice("backend", name, tuple(BACKEND_MODULES))
+    module, cls = BACKEND_MODULES[name]
+    return getattr(importlib.import_module(module), cls)
