@@ -238,9 +238,10 @@ class _Basis:
         # dtype the rows are given in
         self.input_dtype = self.pass_dtype if self.kind == "random" else dtype
 
-    def raw(self, Xc: torch.Tensor) -> torch.Tensor:
+    def raw(self, Xc: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``G`` of the rows ``Xc`` (into ``out``, ``rows x M`` in the pass dtype, where the map can)."""
         if self.kind == "random":
-            return self.fmap.pass_features(Xc)
+            return self.fmap.pass_features(Xc, out=out)
         if self.kind == "nystrom":
             return self.fmap.kernel(Xc, self.centers)
         return self.fmap(Xc)
@@ -337,6 +338,15 @@ class _Passes:
         self.grad_rows = base
         self.X = self._resident()
         self.passes = 0
+        self._buffers = {}
+
+    def buffer(self, rows: int, dtype: torch.dtype) -> torch.Tensor:
+        """A ``rows x M`` workspace reused by every chunk of every pass (a fresh allocation per chunk costs
+        page faults comparable to the features themselves on the CPU)."""
+        buf = self._buffers.get(dtype)
+        if buf is None or buf.shape[0] < rows:
+            self._buffers[dtype] = buf = torch.empty(rows, self.M, dtype=dtype, device=self.device)
+        return buf[:rows]
 
     def _resident(self) -> Optional[torch.Tensor]:
         data, dt = self.data, self.basis.input_dtype
@@ -372,9 +382,9 @@ class _Passes:
         acc = torch.zeros_like(beta)
         bt = self.basis.right(beta)
         for start, stop, Xc in self.chunks(self.grad_rows):
-            G = self.basis.raw(Xc)
+            G = self.basis.raw(Xc, out=self.buffer(stop - start, self.pass_dtype))
             if G.dtype != beta.dtype:
-                G = G.to(beta.dtype)
+                G = self.buffer(stop - start, beta.dtype).copy_(G)
             Fc = G @ bt
             F[start:stop] = Fc
             a, w = self.loss.smoothed_dual(Fc, self.Y[start:stop], self.c[start:stop], smoothing)
@@ -405,7 +415,7 @@ class _Passes:
         for k, (start, stop, Xc) in enumerate(self.chunks(self.rows)):
             if abort is not None and k % POLL_EVERY == 0 and abort():
                 return None
-            G = self.basis.raw(Xc)
+            G = self.basis.raw(Xc, out=self.buffer(stop - start, pd))
             U = G @ Vt
             PhiV[start:stop] = U
             if plain:

@@ -117,3 +117,22 @@ def test_compute_dtype_float32_is_the_float32_map_returned_in_float64():
     assert float((out - full(X)).abs().max()) < 1e-5  # and float32-close to the float64 evaluation
     with pytest.raises(ValueError, match="compute_dtype"):
         RandomFeatureMap(k, 10, compute_dtype=torch.int32)
+
+
+@pytest.mark.parametrize("form", ["cossin", "cos"])
+@pytest.mark.parametrize("M", [300, 301])
+def test_pass_features_are_the_map_up_to_layout_and_scale(form, M):
+    """The solver's pass evaluation (unscaled, blocked by rows, into a reused buffer) is the map:
+    ``phi(X)[:, order] == scale * pass_features(X)``, with more rows than one row block."""
+    from joker_ext.features import ROW_BLOCK
+
+    Xl = torch.as_tensor(g.standard_normal((2 * ROW_BLOCK + 17, 3)), dtype=torch.float64)
+    fmap = RandomFeatureMap(GaussianKernel(1.5, outputscale=2.0), M, form=form, seed=4)
+    phi = fmap(Xl)
+    scale, order = fmap.pass_layout(Xl.device)
+    ref = phi if order is None else phi[:, order]
+    np.testing.assert_allclose((scale * fmap.pass_features(Xl)).numpy(), ref.numpy(), rtol=1e-13, atol=1e-14)
+    buf = torch.full((Xl.shape[0], M), math.nan, dtype=torch.float64)
+    out = fmap.pass_features(Xl, out=buf)
+    assert out.data_ptr() == buf.data_ptr()
+    np.testing.assert_allclose((scale * buf).numpy(), ref.numpy(), rtol=1e-13, atol=1e-14)
