@@ -85,20 +85,24 @@ def supports_active_set(loss: Loss) -> bool:
 class _Column:
     """One target column: the box QP's data and the active-set iteration on it."""
 
-    def __init__(self, K, diagK, loss: Loss, y, c, intercept: bool):
+    def __init__(self, K, diagK, loss: Loss, y, c, intercept: bool, *, offset=None, total: float = 0.0):
         self.K, self.diagK, self.loss, self.y, self.c = K, diagK, loss, y, c
         self.kink = float(loss.kink)
         zero = torch.zeros_like(y)
         self.p0 = loss.psi_grad(zero, y, c)
         self.h = loss.psi_hess(zero, y, c)
         self.lo, self.hi = loss.box(y, c)
+        # the linear term of the objective is -lin^T a; ``offset`` (a subproblem's fixed part, K_BN a_N) is
+        # subtracted from it; with an intercept the constraint is sum a = total
+        self.lin = self.y - self.p0 if offset is None else self.y - self.p0 - offset
+        self.total = float(total)
         self.intercept = intercept
         self.scale = float(diagK.mean()) if diagK.numel() else 1.0
 
     # ------------------------------------------------------------------ one active-set step
     def predict(self, a, f, b: float, s, abar):
         """Sets and fixed values predicted from the prox-gradient point at ``(a, b)``."""
-        g = f + (self.h + s) * a - (self.y - self.p0 + s * abar) + b
+        g = f + (self.h + s) * a - (self.lin + s * abar) + b
         d = self.diagK + self.h + s
         z = a - g / d
         t = self.kink / d
@@ -128,7 +132,7 @@ class _Column:
             return a, self._intercept_without_free(a, s, abar) if self.intercept else 0.0
         everything = free.numel() == a.numel()
         K_I = self.K if everything else self.K.index_select(0, free)
-        rhs = (self.y - self.p0 + s * abar)[free] - self.kink * sgn[free] - K_I @ a
+        rhs = (self.lin + s * abar)[free] - self.kink * sgn[free] - K_I @ a
         H = K_I.clone() if everything else K_I.index_select(1, free)
         del K_I
         H.diagonal().add_((self.h + s)[free])
@@ -136,7 +140,7 @@ class _Column:
         del H
         if self.intercept:
             sol = torch.cholesky_solve(torch.stack([rhs, torch.ones_like(rhs)], dim=1), L)
-            b = float((sol[:, 0].sum() + fixed_sum) / sol[:, 1].sum())
+            b = float((sol[:, 0].sum() + fixed_sum - self.total) / sol[:, 1].sum())
             a[free] = sol[:, 0] - b * sol[:, 1]
             return a, b
         a[free] = torch.cholesky_solve(rhs.unsqueeze(1), L).squeeze(1)
@@ -145,7 +149,7 @@ class _Column:
     def _intercept_without_free(self, a, s, abar) -> float:
         """With every coordinate fixed, ``b`` is any value keeping each fixed coordinate's multiplier of the
         right sign: the middle of that interval (clipped when the prediction is not yet consistent)."""
-        g0 = self.K @ a + (self.h + s) * a - (self.y - self.p0 + s * abar)
+        g0 = self.K @ a + (self.h + s) * a - (self.lin + s * abar)
         lower = torch.cat([(-g0 - self.kink)[a <= self.lo], (-g0 - self.kink)[(a == 0) & (self.lo < 0)]])
         upper = torch.cat([(-g0 + self.kink)[a >= self.hi], (-g0 + self.kink)[(a == 0) & (self.hi > 0)]])
         lo_b = float(lower.max()) if lower.numel() else -math.inf
@@ -155,6 +159,25 @@ class _Column:
         if math.isinf(lo_b) or math.isinf(hi_b):
             return hi_b if math.isinf(lo_b) else lo_b
         return 0.5 * (lo_b + hi_b)
+
+    def intercept_bounds(self, a, grad) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Per coordinate, the interval ``[lower, upper]`` of intercepts ``b`` at which ``a_i`` satisfies its
+        optimality condition ``0 in grad_i + b + kink d|a_i| + N_box(a_i)`` (``grad`` the gradient of the
+        smooth part, without ``b``); ``a`` is optimal (given ``sum a``) iff ``max lower <= min upper``."""
+        k = self.kink
+        inf = torch.full_like(a, math.inf)
+        sgn = torch.sign(a) if k else torch.zeros_like(a)
+        mid = -grad - k * sgn
+        at_lo, at_hi = a <= self.lo, a >= self.hi
+        # at a bound, the subgradient of the kink that is kindest to the condition (the bound at zero)
+        lower = torch.where(at_hi, -inf, torch.where(at_lo, -grad - k * torch.where(self.lo < 0, -1.0, 1.0), mid))
+        upper = torch.where(at_lo, inf, torch.where(at_hi, -grad - k * torch.where(self.hi > 0, 1.0, -1.0), mid))
+        if k:  # at the kink strictly inside the box: the whole subdifferential
+            kink = (a == 0) & ~at_lo & ~at_hi
+            lower = torch.where(kink, -grad - k, lower)
+            upper = torch.where(kink, -grad + k, upper)
+        fixed = self.lo >= self.hi
+        return torch.where(fixed, -inf, lower), torch.where(fixed, inf, upper)
 
     def round(self, a, f, b: float, abar, s, code=None, sgn=None, value=None):
         """Solve one proximal round exactly. Returns ``(a, f, b, steps, sets)`` or None when the sets do not
@@ -169,6 +192,8 @@ class _Column:
             new_code, new_sgn, new_value = self.predict(a, f, b, s, abar)
             changed = (new_code != code) | (new_sgn != sgn)
             if not bool(changed.any()):
+                if self.intercept and not self._balanced(a):
+                    return None  # settled with every coordinate fixed off the hyperplane: not a solution
                 return a, f, b, step, (code, sgn, value)
             if step >= DAMP_AFTER:  # damped: only the largest violations change sets
                 new_code, new_sgn, new_value = self._damped(changed, code, sgn, value, new_code, new_sgn, new_value,
@@ -178,6 +203,10 @@ class _Column:
                 return None  # the sets cycle
             code, sgn, value = new_code, new_sgn, new_value
         return None
+
+    def _balanced(self, a) -> bool:
+        """``sum a == total`` up to rounding."""
+        return abs(float(a.sum()) - self.total) <= 1e-10 * max(1.0, float(a.abs().sum()))
 
     @staticmethod
     def _damped(changed, code, sgn, value, new_code, new_sgn, new_value, a, keep: int):
@@ -202,7 +231,7 @@ class _Column:
     # ------------------------------------------------------------------ monotone fallback
     def objective(self, a, f, s, abar) -> float:
         """The round's objective ``1/2 a^T K a + sum g(a) + sum s/2 (a - abar)^2`` (up to a constant)."""
-        smooth = (-(self.y - self.p0) + 0.5 * self.h * a) * a
+        smooth = (-self.lin + 0.5 * self.h * a) * a
         return float((0.5 * a * f + smooth + self.kink * a.abs() + 0.5 * s * (a - abar) ** 2).sum())
 
     def project(self, v, lo, hi):
@@ -213,7 +242,7 @@ class _Column:
         left, right = float((v - hi).min()), float((v - lo).max())
         for _ in range(64):
             mu = 0.5 * (left + right)
-            if float(torch.minimum(torch.maximum(v - mu, lo), hi).sum()) > 0:
+            if float(torch.minimum(torch.maximum(v - mu, lo), hi).sum()) > self.total:
                 left = mu
             else:
                 right = mu
@@ -224,7 +253,7 @@ class _Column:
         for rounds whose active sets cycle. Returns ``(a, f, b)`` after ``steps`` steps or at a stationary
         point."""
         def gradient(a, f):
-            grad = f + (self.h + s) * a - (self.y - self.p0 + s * abar)
+            grad = f + (self.h + s) * a - (self.lin + s * abar)
             grad, lo, hi = orthant_box(self.kink, a, grad, self.lo, self.hi)
             b = 0.0
             inside = (a > lo) & (a < hi)

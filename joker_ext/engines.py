@@ -52,6 +52,10 @@ DEFAULT_EXACT_MEMORY = 6 * 2**30
 
 #: Default iteration budgets (outer iterations of each engine).
 NEWTON_MAX_ITER = 100
+#: Coordinates per subproblem of the working-set engine (:mod:`joker_ext.working_set`).
+WORKING_SET_SIZE = 512
+#: Outer iterations of the working-set engine per ``n / WORKING_SET_SIZE`` (at least ``NEWTON_MAX_ITER``).
+WORKING_SET_ITER_PER_BLOCK = 20
 DBCD_EPOCHS = 50
 
 _SOLVERS: Dict[Tuple[str, str], Callable] = {}
@@ -107,7 +111,9 @@ def resolve_solver(name: str, mode: str, n: int, itemsize: int, loss=None, max_m
 
     * exact kernels, when the ``n x n`` matrix and a factor (``2 n^2`` numbers) fit ``max_memory``
       (default :data:`DEFAULT_EXACT_MEMORY`): ``'active_set'`` for losses whose conjugate is quadratic or
-      linear on its box (squared, Huber, epsilon-insensitive, absolute, pinball, hinge, squared hinge),
+      linear on its box (squared, Huber, absolute, pinball, hinge, squared hinge), except those with a
+      kink inside the box (epsilon-insensitive), whose third active set (``alpha_i = 0``) makes the
+      full-dual active-set steps cycle: ``'working_set'`` (measured 20x faster at n = 4000);
       ``'newton'`` for the other smooth ones (logistic);
     * features: ``'newton'`` for smooth losses.
 
@@ -125,7 +131,7 @@ def resolve_solver(name: str, mode: str, n: int, itemsize: int, loss=None, max_m
         if 2 * n * n * itemsize > budget:
             return "dbcd_tr"
         if loss is None or getattr(loss, "quadratic", False):
-            return "active_set"
+            return "working_set" if loss is not None and getattr(loss, "kink", 0.0) else "active_set"
         return "dbcd_tr" if kinked else "newton"
     return "dbcd_tr" if kinked else "newton"
 
@@ -138,16 +144,19 @@ def _needs_smoothing(loss) -> bool:
 
 
 def default_max_iter(solver: str, n: int, block_size: int) -> int:
-    """Default budget of outer iterations: Newton steps for 'newton', ``DBCD_EPOCHS`` passes over the
+    """Default budget of outer iterations: Newton steps for 'newton' and 'active_set', ``WORKING_SET_ITER_PER_BLOCK``
+    per ``n / WORKING_SET_SIZE`` for 'working_set', ``DBCD_EPOCHS`` passes over the
     blocks (at least 200 block iterations) for 'dbcd_tr'."""
     if solver in ("newton", "active_set"):
         return NEWTON_MAX_ITER
+    if solver == "working_set":
+        return max(NEWTON_MAX_ITER, WORKING_SET_ITER_PER_BLOCK * math.ceil(n / WORKING_SET_SIZE))
     return max(200, DBCD_EPOCHS * math.ceil(n / max(1, block_size)))
 
 
 def _ensure_builtin() -> None:
     """Import the built-in engines' modules, which register themselves (once; imports are cached)."""
-    from . import active_set, newton_exact, primal_newton, solver  # noqa: F401
+    from . import active_set, newton_exact, primal_newton, solver, working_set  # noqa: F401
 
 
 class _Interrupt:

@@ -9,7 +9,7 @@ from joker_ext.features import make_feature_map
 from joker_ext.kernels import GaussianKernel
 from joker_ext.losses import get_loss, infimal_convolution, scaled
 from joker_ext.model import fit_dual
-from joker_ext.operators import FeatureOperator
+from joker_ext.operators import ExactOperator, FeatureOperator
 from joker_ext.primal_newton import feature_newton
 from joker_ext.solver import SolverOptions
 
@@ -211,6 +211,57 @@ def test_active_set_hinge_with_intercept_is_libsvm_svc(C):
     assert primal(m.alpha[:, 0].numpy(), f) <= primal(a_ref, f_ref) * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("intercept", [False, True])
+@pytest.mark.parametrize("name", KINKED + ["squared_hinge"])
+def test_working_set_reaches_the_cvxpy_optimum(name, intercept):
+    """Small working sets (24 of 160 coordinates) and a column cache smaller than the union of the sets
+    touched: the decomposition, its eviction and its intercept bookkeeping, against cvxpy."""
+    pytest.importorskip("cvxpy")
+    from joker_ext.working_set import working_set
+
+    loss, X, y = _problem(name, n=160, seed=4)
+    kernel = GaussianKernel(1.0)
+    c = torch.full((len(y),), 3.0, dtype=F64)
+    op = ExactOperator(kernel, BlockData(torch.as_tensor(X), F64, torch.device("cpu")))
+    res = working_set(op, torch.as_tensor(y).reshape(-1, 1), loss, c, SolverOptions(max_iter=2000, tol=1e-10),
+                      intercept=intercept, working_set_size=24, cache_columns=40)
+    assert res.status == "converged" and res.rel_gap <= 1e-10
+    K = kernel(torch.as_tensor(X), torch.as_tensor(X)).numpy()
+    assert res.primal == pytest.approx(cvxpy_primal(name, K, y, c.numpy(), intercept=intercept), rel=1e-6)
+    lo, hi = loss.box(torch.as_tensor(y).reshape(-1, 1), c.reshape(-1, 1))
+    assert bool(((res.alpha >= lo) & (res.alpha <= hi)).all())
+    np.testing.assert_allclose(res.state["f"].numpy(), K @ res.alpha.numpy(), atol=1e-9)  # f kept = K alpha
+    if intercept:
+        assert abs(float(res.alpha.sum())) <= 1e-9 * float(res.alpha.abs().sum())
+
+
+def test_working_set_epsilon_insensitive_is_libsvm_svr():
+    """The default engine for epsilon-insensitive with an intercept is LIBSVM's SVR, solved tightly."""
+    from sklearn.svm import SVR
+
+    X, y = make_regression(n=1500, seed=8)
+    sigma, C, eps = 1.5, 5.0, 0.1
+    svr = SVR(C=C, gamma=1.0 / (2 * sigma ** 2), epsilon=eps, tol=1e-8).fit(X, y)
+    loss = get_loss("epsilon_insensitive", epsilon=eps)
+    assert resolve_solver("auto", "exact", 1500, 8, loss) == "working_set"
+    m = fit_dual(torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1), loss=loss,
+                 c=torch.full((len(y),), C, dtype=F64), kernel=GaussianKernel(sigma),
+                 options=SolverOptions(tol=1e-12, max_iter=300), solver="auto", intercept=True)
+    assert m.extra["solver"] == "working_set"
+    assert m.result.status == "converged" and m.result.rel_gap <= 1e-12
+    K = GaussianKernel(sigma)(torch.as_tensor(X), torch.as_tensor(X)).numpy()
+    a_ref = np.zeros(len(y))
+    a_ref[svr.support_] = svr.dual_coef_[0]
+    f_ref = K @ a_ref + svr.intercept_[0]
+    f = K @ m.alpha[:, 0].numpy() + float(m.result.state["intercept"][0])
+    np.testing.assert_allclose(f, f_ref, atol=2e-3 * np.abs(f_ref).max())
+
+    def primal(a, f):
+        return 0.5 * a @ K @ a + C * np.maximum(0.0, np.abs(y - f) - eps).sum()
+
+    assert primal(m.alpha[:, 0].numpy(), f) <= primal(a_ref, f_ref) * (1 + 1e-9)
+
+
 def test_active_set_several_targets_equal_separate_fits():
     loss, X, y = _problem("epsilon_insensitive", n=200, seed=2)
     Y = np.stack([y, -2 * y + 1], axis=1)
@@ -238,6 +289,7 @@ def test_auto_policy_and_registry():
     sq, hinge = get_loss("squared"), get_loss("hinge")
     assert resolve_solver("auto", "exact", 1000, 8, sq) == "active_set"
     assert resolve_solver("auto", "exact", 1000, 8, hinge) == "active_set"
+    assert resolve_solver("auto", "exact", 1000, 8, get_loss("epsilon_insensitive")) == "working_set"
     assert resolve_solver("auto", "exact", 1000, 8, get_loss("logistic")) == "newton"
     assert resolve_solver("auto", "exact", 10**6, 8, sq) == "dbcd_tr"  # K does not fit the default budget
     assert resolve_solver("auto", "exact", 1000, 8, sq, max_memory=1000) == "dbcd_tr"
