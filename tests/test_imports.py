@@ -27,6 +27,7 @@ KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
     ("joker_ext.engines", "joker_ext.newton_exact"): _ENGINE_REGISTRY,
     ("joker_ext.engines", "joker_ext.primal_newton"): _ENGINE_REGISTRY,
     ("joker_ext.engines", "joker_ext.solver"): _ENGINE_REGISTRY,
+    ("joker_ext.engines", "joker_ext.working_set"): _ENGINE_REGISTRY,
 }
 
 
