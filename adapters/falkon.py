@@ -791,6 +791,18 @@ class JokerFalkon(_FalkonFace):
         self.device = device
         self.dtype = dtype
 
+    def _own_primal_start(self, warm_start, alpha0, newton: bool) -> Optional[dict]:
+        """With a Newton engine, a ``warm_start`` that is this estimator's own ``beta_`` continues from the
+        primal weights it came with (``result_.state['beta']``): the dual coefficients of an unconverged
+        point map back to a much worse primal point (``Phi^T a(f)``). None otherwise."""
+        res = getattr(self, "result_", None)
+        if not newton or warm_start is None or res is None or "beta" not in (res.state or {}):
+            return None
+        own = getattr(self, "beta_", None)
+        if own is None or own.shape != warm_start.shape or not torch.equal(own.to(warm_start.device), warm_start):
+            return None
+        return {"alpha": alpha0, "state": {"beta": res.state["beta"]}}
+
     def fit(self, X: torch.Tensor, Y: torch.Tensor, Xts: Optional[torch.Tensor] = None,
             Yts: Optional[torch.Tensor] = None, warm_start: Optional[torch.Tensor] = None) -> "JokerFalkon":
         """Fit on X (n, d) and Y (n,) or (n, T) (one-hot for several classes).
@@ -851,7 +863,8 @@ class JokerFalkon(_FalkonFace):
                                     engine=engine, iterations=self.maxiter, callback_every=error_every if report else None)
         per_report = 1 if newton else nb * per_iter
         callback = self._reporter(Xf, Yu, Xts, Yts, prep, self.fit_times_[0], per_report) if report else None
-        model = _train(Xf, Yf, loss, c, prep, opts, alpha0, callback=callback, engine=engine)
+        model = _train(Xf, Yf, loss, c, prep, opts, alpha0, callback=callback, engine=engine,
+                       resume=self._own_primal_start(warm_start, alpha0, newton))
         self.solver_ = engine
         check_fit_finite("penalty", penalty, model.alpha, model.beta, _evaluated_primal(model))
         self._set_fitted(model, prep, Xf)

@@ -154,7 +154,7 @@ def test_nystrom_squared_equals_falkon(fk, fopt, penalty):
     kern = fk.kernels.GaussianKernel(1.5, opt=fopt)
     f = _falkon_converged(fk, fopt, kern, penalty, 80, X, Y, seed=11)
     j = JokerFalkon(kern, penalty, 80, seed=11, options=fopt, features="nystrom", maxiter=60,
-                    block_size=600).fit(X, Y)
+                    block_size=600, tol=1e-13).fit(X, Y)
     assert torch.equal(j.ny_points_, f.ny_points_)  # 'uniform' draws Falkon's centres for a seed
     assert _rel(j.predict(Xt), f.predict(Xt)) < 1e-5
     assert _rel(j.alpha_, f.alpha_) < 1e-4  # coefficients on the centres, Falkon's alpha_
@@ -173,7 +173,7 @@ def test_nystrom_with_fixed_centres_weights_and_several_outputs_equals_falkon(fk
     f = _falkon_converged(fk, fopt, kern, 1e-4, None, X, Y, center_selection=fk.center_selection.FixedSelector(Z, idx_centers=idx),
                           weight_fn=weight_fn)
     j = JokerFalkon(kern, 1e-4, None, center_selection=fk.center_selection.FixedSelector(Z), options=fopt,
-                    features="nystrom", weight_fn=weight_fn, maxiter=60, block_size=500, seed=0).fit(X, Y)
+                    features="nystrom", weight_fn=weight_fn, maxiter=60, block_size=500, seed=0, tol=1e-13).fit(X, Y)
     pj = j.predict(Xt)
     assert pj.shape == (100, 3)
     assert _rel(pj, f.predict(Xt)) < 1e-5
@@ -632,7 +632,8 @@ def test_warm_start_continues(fk, fopt):
     conv = JokerFalkon(kern, 1e-2, 100, maxiter=50, seed=7, options=fopt, block_size=1200, tol=1e-14).fit(X, Y)
     again = JokerFalkon(kern, 1e-2, 100, maxiter=1, seed=7, options=fopt, block_size=1200, tol=1e-14).fit(
         X, Y, warm_start=conv.beta_)
-    assert _rel(again.predict(X), conv.predict(X)) < 1e-8
+    # a relative gap eps bounds the prediction error by about sqrt(eps): 1e-7 at the 1e-14 asked here
+    assert _rel(again.predict(X), conv.predict(X)) < 1e-6
 
 
 def test_error_fn_reports_on_validation_data(capsys):
