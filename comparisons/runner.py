@@ -42,7 +42,7 @@ import numpy as np
 from joker_ext.validation import check_choice, check_positive, check_positive_int
 
 from . import spec as _spec
-from .backends import backend_class
+from .backends import BACKEND_MODULES, backend_class
 from .spec import TASKS, ExperimentSpec
 
 __all__ = [
@@ -310,6 +310,10 @@ def run_one(job: Dict[str, Any]) -> Dict[str, Any]:
     from .backends.base import Problem, Skip
 
     _spec._CHECKED_DATASETS.add(job["spec"]["dataset"])  # checked by the parent that built the job
+    # The parent's registry entries for the spec's backends: one registered at run time (the harness's tests
+    # register backends that fail on purpose) is then known in this run process too.
+    for name, where in job.get("backend_modules", {}).items():
+        BACKEND_MODULES.setdefault(name, tuple(where))
     spec = ExperimentSpec.from_dict(job["spec"])
     prep = PreparedData(**job["data"])
     result: Dict[str, Any] = {"status": "ok", "notes": [], "params": {}, "trace": [], "error": ""}
@@ -588,7 +592,8 @@ def run_suite(
                     if ctx is None:
                         ctx = _context(isolation)
                     job = {"spec": run_spec.to_dict(), "backend": backend, "repeat": r, "run_id": run_id,
-                           "data": prep.__dict__, "threads": threads}
+                           "data": prep.__dict__, "threads": threads,
+                           "backend_modules": {b: BACKEND_MODULES[b] for b in spec.backends}}
                     res = _launch(ctx, job, outp / "logs", run_spec.seconds + startup_grace)
                     trace_file = ""
                     if res.get("trace"):

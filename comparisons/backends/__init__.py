@@ -28,6 +28,8 @@ from .base import Backend, Problem, Skip
 __all__ = ["Backend", "Problem", "Skip", "BACKEND_MODULES", "backend_class"]
 
 #: name -> (module, class) of each backend; a backend's module is imported only when the backend is used.
+#: A backend added here at run time (the harness's tests add backends that fail on purpose) is accepted by
+#: name, but is not part of ``--backends all`` (``comparisons.spec.ALL_BACKENDS``).
 BACKEND_MODULES = {
     "joker": ("comparisons.backends.joker", "JokerBackend"),
     "joker_rf": ("comparisons.backends.joker", "JokerRFBackend"),
@@ -40,10 +42,6 @@ BACKEND_MODULES = {
     "askotch": ("comparisons.backends.askotch", "ASkotchBackend"),
     "dsg": ("comparisons.backends.dsg", "DSGBackend"),
     "admm_svm": ("comparisons.backends.admm_svm", "ADMMSVMBackend"),
-    # deliberately failing backends for the harness's own tests (not part of 'all')
-    "_crash": ("comparisons.backends._faults", "CrashBackend"),
-    "_hang": ("comparisons.backends._faults", "HangBackend"),
-    "_die": ("comparisons.backends._faults", "DieBackend"),
 }
 
 

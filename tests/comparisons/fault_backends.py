@@ -1,4 +1,7 @@
-"""Backends that fail on purpose, for the harness's own tests (hidden from ``--backends all``).
+"""Backends that fail on purpose, for the harness's own tests (kept out of the installed package).
+
+``test_harness.py`` registers them in :data:`comparisons.backends.BACKEND_MODULES` under the module name
+``fault_backends`` (pytest puts this folder on ``sys.path``, and the harness's run processes inherit it).
 
 ``_crash`` raises in ``fit``; ``_hang`` sleeps until it is killed; ``_die`` ends its process abruptly
 (as an out-of-memory kill would). The harness must record each with its error and lose no other result.
@@ -10,7 +13,7 @@ import time
 
 import numpy as np
 
-from .base import Backend
+from comparisons.backends.base import Backend
 
 __all__ = ["CrashBackend", "HangBackend", "DieBackend"]
 

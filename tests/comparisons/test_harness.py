@@ -331,7 +331,16 @@ def test_csv_table_and_figures(tmp_path):
 
 
 # ---------------------------------------------------------------------------- the harness end to end
-def test_main_end_to_end_records_failures(tmp_path):
+@pytest.fixture
+def fault_backends(monkeypatch):
+    """Register the backends that fail on purpose (``fault_backends.py`` beside this file) for one test."""
+    from comparisons.backends import BACKEND_MODULES
+
+    for name, cls in (("_crash", "CrashBackend"), ("_hang", "HangBackend"), ("_die", "DieBackend")):
+        monkeypatch.setitem(BACKEND_MODULES, name, ("fault_backends", cls))
+
+
+def test_main_end_to_end_records_failures(tmp_path, fault_backends):
     """Subprocess runs: good backends are measured; a crash, a hang (killed at the budget) and a dying
     process are recorded with their errors, and results.csv keeps every row."""
     from comparisons.__main__ import main
