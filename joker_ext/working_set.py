@@ -44,8 +44,12 @@ from .solver import SolverOptions, SolverResult
 
 __all__ = ["working_set", "supports_working_set"]
 
-#: Proximal rounds per subproblem.
-SUB_ROUNDS = 4
+#: Settled proximal rounds per subproblem.
+SUB_ROUNDS = 3
+#: Tenfold increases of the proximal weight a subproblem may make when its active sets cycle.
+MAX_ESCALATIONS = 6
+#: Proximal weight (times the kernel's diagonal) at which a cycling subproblem falls back to projected Newton.
+SIGMA_CEILING = 10.0
 
 
 def supports_working_set(loss: Loss) -> bool:
@@ -131,21 +135,22 @@ def _subproblem(col: _Column, K_B, B, a, f, b: float, sigma: float, floor: float
     sub = _Column(K_BB, K_BB.diagonal().clone(), col.loss, col.y[B], col.c[B], col.intercept,
                   offset=f[B] - fB,
                   total=float(aB.sum()))
-    sets, failed = None, False
-    for _ in range(SUB_ROUNDS):
+    sets, settled = None, 0
+    for _ in range(SUB_ROUNDS + MAX_ESCALATIONS):
         out = sub.round(aB, fB, b, aB.clone(), sigma / sub.c, *(sets or (None, None, None)))
-        if out is None and not failed:  # the sets cycle: a more diagonal round, same centre
-            sigma, failed, sets = sigma * 10.0, True, None
+        if out is None:  # the sets cycle: a more diagonal round, same centre (cheap next to a fallback)
+            if sigma >= SIGMA_CEILING * col.scale:  # diagonal enough and still cycling: monotone fallback
+                aB, fB, b = sub.newton_round(aB.clone(), fB.clone(), sigma / sub.c, aB.clone())
+                break
+            sigma, sets = sigma * 10.0, None
+            floor = sigma  # within this subproblem, no smaller weight than one that settled after a cycle
             continue
-        if out is None:  # cycling twice: a monotone projected-Newton solve of the round instead
-            aB, fB, b = sub.newton_round(aB.clone(), fB.clone(), sigma / sub.c, aB.clone())
-            break
-        failed = False
         aB, fB, b, steps, sets = out
+        settled += 1
         sigma = next_sigma(sigma, steps, floor)
-        if steps <= 1:
+        if steps <= 1 or settled == SUB_ROUNDS:
             break
-    return aB, b, sigma
+    return aB, b, max(sigma, floor / 10.0)  # the next subproblem starts near what settled here
 
 
 def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: Optional[SolverOptions] = None,

@@ -185,8 +185,9 @@ def test_active_set_reaches_the_cvxpy_optimum(name, intercept):
         assert primal == pytest.approx(res.primal, rel=1e-12)
 
 
+@pytest.mark.parametrize("solver", ["active_set", "working_set"])
 @pytest.mark.parametrize("C", [1.0, 50.0])
-def test_active_set_hinge_with_intercept_is_libsvm_svc(C):
+def test_hinge_with_intercept_is_libsvm_svc(C, solver):
     """Beyond BASE_ROWS rows (the coarse start runs): the SVC of LIBSVM, solved to a tight tolerance."""
     from sklearn.svm import SVC
 
@@ -195,7 +196,7 @@ def test_active_set_hinge_with_intercept_is_libsvm_svc(C):
     svc = SVC(C=C, gamma=1.0 / (2 * sigma ** 2), tol=1e-8).fit(X, y)
     m = fit_dual(torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1), loss=get_loss("hinge"),
                  c=torch.full((len(y),), C, dtype=F64), kernel=GaussianKernel(sigma),
-                 options=SolverOptions(tol=1e-12), solver="active_set", intercept=True)
+                 options=SolverOptions(tol=1e-12, max_iter=300), solver=solver, intercept=True)
     assert m.result.status == "converged" and m.result.rel_gap <= 1e-12
     # the primal is strongly convex in f: the decision functions agree, and ours is at least as good
     K = GaussianKernel(sigma)(torch.as_tensor(X), torch.as_tensor(X)).numpy()
@@ -288,8 +289,10 @@ def test_intercept_needs_an_engine_that_fits_it():
 def test_auto_policy_and_registry():
     sq, hinge = get_loss("squared"), get_loss("hinge")
     assert resolve_solver("auto", "exact", 1000, 8, sq) == "active_set"
-    assert resolve_solver("auto", "exact", 1000, 8, hinge) == "active_set"
-    assert resolve_solver("auto", "exact", 1000, 8, get_loss("epsilon_insensitive")) == "working_set"
+    for linear in ("hinge", "epsilon_insensitive", "absolute", "pinball"):  # never forms K: any n
+        assert resolve_solver("auto", "exact", 1000, 8, get_loss(linear)) == "working_set"
+        assert resolve_solver("auto", "exact", 10**6, 8, get_loss(linear)) == "working_set"
+    assert resolve_solver("auto", "exact", 1000, 8, get_loss("squared_hinge")) == "active_set"
     assert resolve_solver("auto", "exact", 1000, 8, get_loss("logistic")) == "newton"
     assert resolve_solver("auto", "exact", 10**6, 8, sq) == "dbcd_tr"  # K does not fit the default budget
     assert resolve_solver("auto", "exact", 1000, 8, sq, max_memory=1000) == "dbcd_tr"
