@@ -263,11 +263,13 @@ def test_working_set_epsilon_insensitive_is_libsvm_svr():
     assert primal(m.alpha[:, 0].numpy(), f) <= primal(a_ref, f_ref) * (1 + 1e-9)
 
 
-def test_active_set_several_targets_equal_separate_fits():
+@pytest.mark.parametrize("solver", ["active_set", "working_set"])
+def test_several_targets_equal_separate_fits(solver):
     loss, X, y = _problem("epsilon_insensitive", n=200, seed=2)
     Y = np.stack([y, -2 * y + 1], axis=1)
-    kw = dict(loss=loss, c=torch.full((200,), 2.0, dtype=F64), kernel=GaussianKernel(1.0),
-              options=SolverOptions(tol=1e-12), solver="active_set", intercept=True)
+    c = torch.as_tensor(np.random.default_rng(0).uniform(0.5, 4.0, 200))  # sample weights: c_i = C w_i
+    kw = dict(loss=loss, c=c, kernel=GaussianKernel(1.0),
+              options=SolverOptions(tol=1e-12, max_iter=300), solver=solver, intercept=True)
     both = fit_dual(torch.as_tensor(X), torch.as_tensor(Y), **kw)
     for t in range(2):
         one = fit_dual(torch.as_tensor(X), torch.as_tensor(Y[:, t:t + 1]), **kw)
