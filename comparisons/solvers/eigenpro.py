@@ -15,7 +15,15 @@ What is reproduced
   ``K(X_s, X_s) / s``); ``beta = max k(x, x)``; batch ``m = floor(beta / lam + 1)`` (the critical batch,
   capped at n); learning rate ``eta = m / beta`` below the critical batch, ``0.99 * 2 m / (beta + (m-1) lam)``
   above it; each batch's coefficients move by ``eta / m`` times their residual. q defaults to EigenPro 2's
-  automatic rule (the number of eigenvalues with ``lambda_i^-0.95 < s``, minus one).
+  automatic rule (the number of eigenvalues with ``lambda_i^-0.95 < s``, minus one), capped as in the
+  authors' code at ``min(s // 3 - 1, 1000)``.
+* With s < n, ``lam`` is also bounded below by the top eigenvalue of the preconditioned kernel measured on
+  up to 2000 points *outside* the subsample [derived; issue #16]. The subsample's ``lambda_{q+1}`` describes
+  the preconditioned operator only on X_s, where the preconditioner is exact; on the other points the
+  Nystrom extension of the top eigenvectors removes less, and on flights (Gaussian sigma 1, n = 20,000,
+  s = 5000) the preconditioned top eigenvalue was ten times ``lam``: the critical batch was ten times too
+  large and the step at it diverged (RMSE 672). The per-sample step ``1 / beta`` below the critical batch is
+  unchanged; only the batch (and so the step ``eta = m / beta``) shrinks.
 * **EigenPro 3** (Algorithm 2): a general kernel model ``f = K(., Z) alpha`` over centres Z, trained by
   preconditioned SGD on the data plus an *inexact projection* onto span K(., Z): each step solves
   ``K(Z, Z) theta = h``, ``h = K(Z, X_m) g - K(Z, X_s) Q_s K(X_s, X_m) g``, ``g = K(X_m, Z) alpha - y_m``,
@@ -73,6 +81,8 @@ DEFAULT_NYSTROM = 5000
 DEFAULT_TOP_Q = 500
 DEFAULT_PROJECTION_NYSTROM = 2000
 EP2_EXPONENT = 0.95  # eigenvalue damping of the authors' EigenPro 2 code
+AUTO_Q_CAP = 1000  # the authors' EigenPro 2 code computes at most min(s // 3 - 1, 1000) eigenpairs
+OUT_OF_SAMPLE_CHECK = 2000  # points outside X_s on which the preconditioned top eigenvalue is measured
 DIVERGENCE_FACTOR = 10.0  # stop when the relative residual exceeds this (it starts at 1)
 
 
@@ -107,7 +117,7 @@ class _NystromPreconditioner:
         floor = top * torch.finfo(P.dtype).eps
         if q == "auto":
             count = int((evals.clamp_min(floor).pow(-exponent) < s).sum())
-            q = max(min(5, s - 1), count - 1)
+            q = max(min(5, s - 1), min(count - 1, AUTO_Q_CAP, s // 3 - 1))
         q = int(min(q, s - 1))
         self.q = q
         tail = max(float(evals[q]) if q < s else 0.0, floor)
@@ -120,6 +130,32 @@ class _NystromPreconditioner:
             self.F = evecs[:, :q] * d.sqrt().unsqueeze(0)
         else:
             self.F = torch.zeros(s, 0, dtype=P.dtype, device=P.device)
+
+    def out_of_sample_top(self, kernel: Kernel, P: torch.Tensor, b: int, gen: torch.Generator) -> float:
+        """Top eigenvalue of the preconditioned kernel ``(K - K_.s Q_s K_s.) / b`` on b points *outside* X_s.
+
+        On the subsample itself the preconditioner is exact and the preconditioned operator's top eigenvalue is
+        ``lam``; on the other ``n - s`` points it only removes what the Nystrom extension of the top-q
+        eigenvectors captures, which can leave eigenvalues far above ``lam`` (issue #16: flights, Gaussian
+        sigma 1, n = 20,000, s = 5000, q = 1635: ``lam = 1.6e-4`` but 1.5e-3 out of sample, and the step taken
+        at the critical batch ``beta / lam`` diverged). The sample top eigenvalue is biased upwards, so the
+        estimate errs on the safe side. Returns 0.0 when ``s = n`` (no point outside the subsample).
+        """
+        n = P.shape[0]
+        if n <= self.Xs.shape[0] or b < 1:
+            return 0.0
+        mask = torch.ones(n, dtype=torch.bool)
+        mask[self.idx.cpu()] = False
+        rest = torch.nonzero(mask).squeeze(1)
+        pick = rest[torch.randperm(rest.shape[0], generator=gen)[:b]].to(P.device)
+        XB = P[pick]
+        b = XB.shape[0]
+        A = kernel(XB, XB)
+        if self.q > 0:
+            G = kernel(XB, self.Xs) @ self.F
+            A = A - G @ G.T
+        A = 0.5 * (A + A.T) / b
+        return float(torch.linalg.eigvalsh(A)[-1])
 
     def correction(self, kernel: Kernel, XB: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         """``Q_s K(X_s, X_B) g`` (s x t)."""
@@ -206,7 +242,8 @@ class EigenPro2:
         (the number of eigenvalues of ``K(X_s, X_s) / s`` with ``lambda_i^-0.95 < s``, minus one).
     batch_size : 'auto' or int
         'auto' is the critical batch ``m = floor(beta / lam + 1)`` capped at n, with ``beta = max k(x, x)``
-        (+ ridge) and ``lam = lambda_1^0.05 lambda_{q+1}^0.95`` (+ ridge / n) from ``K(X_s, X_s) / s``.
+        (+ ridge) and ``lam = lambda_1^0.05 lambda_{q+1}^0.95`` (+ ridge / n) from ``K(X_s, X_s) / s``, or
+        the preconditioned kernel's top eigenvalue outside the subsample when that is larger.
     step : 'auto' or float
         Learning rate eta of the normalised loss ``(1/2n) ||K alpha - y||^2``: the coefficients of a batch
         move by ``eta / m`` times their residual. 'auto': ``eta = m / beta`` below the critical batch,
@@ -231,6 +268,11 @@ class EigenPro2:
         Coefficients: ``f(x) = sum_i alpha_i k(x_i, x)``.
     history_ : list of (epoch, relative residual)
     batch_size_, step_, top_q_, n_nystrom_, beta_, lambda_q1_ : the values used.
+    lambda_out_of_sample_ : float
+        Top eigenvalue of the preconditioned kernel on up to 2000 points outside the Nystrom subsample
+        (0 when s = n); the critical batch uses ``max(lam, lambda_out_of_sample_)``.
+    lambda_step_ : float
+        The eigenvalue the batch and step were set from (``max(lam, lambda_out_of_sample_) + ridge / n``).
     notes : list of str
         What the backend could not honour.
     """
@@ -276,7 +318,9 @@ class EigenPro2:
         q = "auto" if self.top_q is None else self.top_q
         pre = _NystromPreconditioner(self.kernel, X, s, q, gen, exponent=EP2_EXPONENT)
         beta = pre.beta + self.ridge
-        lam = pre.lam + self.ridge / n
+        # the step and critical batch must bound the preconditioned operator on all n points, not only on X_s
+        self.lambda_out_of_sample_ = pre.out_of_sample_top(self.kernel, X, min(n - s, OUT_OF_SAMPLE_CHECK), gen)
+        lam = max(pre.lam, self.lambda_out_of_sample_) + self.ridge / n
         m_user = None if self.batch_size == "auto" else min(int(self.batch_size), n)
         m, per_sample = _ep2_batch_and_step(beta, lam, n, m_user, half=False)
         if self.step != "auto":
@@ -321,6 +365,7 @@ class EigenPro2:
         self.n_nystrom_ = s
         self.beta_ = beta
         self.lambda_q1_ = pre.tail + self.ridge / n
+        self.lambda_step_ = lam
         self.notes = notes
         return self
 
