@@ -322,6 +322,22 @@ def _rough_solve(col: _Column, F0: Optional[torch.Tensor], *, rounds: int):
     return a, b
 
 
+def box_qp_inputs(engine: str, operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor,
+                  options: Optional[SolverOptions]):
+    """Checks shared by the box-QP engines (an exact operator, a loss with a quadratic or linear conjugate,
+    valid targets); returns ``(options, c as a column of Y's dtype, lo, hi)`` with the box of every entry."""
+    if operator.mode != "exact":
+        raise ValueError(f"{engine} needs an exact kernel operator, got mode {operator.mode!r}")
+    if not supports_active_set(loss):
+        raise ValueError(f"solver {engine!r} needs a loss with a quadratic or linear conjugate; {loss!r} has "
+                         "none: use solver='newton'")
+    n = Y.shape[0]
+    c_col = c.reshape(n).to(dtype=Y.dtype, device=Y.device)
+    loss.check_targets(Y)
+    lo, hi = loss.box(Y, c_col.reshape(n, 1))
+    return options or SolverOptions(), c_col, lo, hi
+
+
 def active_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: Optional[SolverOptions] = None,
                *, alpha0: Optional[torch.Tensor] = None, state0=None, start_iter: int = 0, callback=None,
                validation=None, snapshot=None, snapshot_every=None, intercept: bool = False,
@@ -348,17 +364,9 @@ def active_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: 
     callback, validation, snapshot, snapshot_every :
         As in :func:`joker_ext.solver.dbcd_tr`, once per proximal round.
     """
-    if operator.mode != "exact":
-        raise ValueError(f"active_set needs an exact kernel operator, got mode {operator.mode!r}")
-    if not supports_active_set(loss):
-        raise ValueError(f"solver 'active_set' needs a loss with a quadratic or linear conjugate; {loss!r} has "
-                         "none: use solver='newton'")
-    opts = options or SolverOptions()
+    opts, c_col, lo_all, hi_all = box_qp_inputs("active_set", operator, Y, loss, c, options)
     n, T = Y.shape
     dtype, device = Y.dtype, Y.device
-    c_col = c.reshape(n).to(dtype=dtype, device=device)
-    loss.check_targets(Y)
-    lo_all, hi_all = loss.box(Y, c_col.reshape(n, 1))
     alpha = torch.zeros(n, T, dtype=dtype, device=device) if alpha0 is None else \
         torch.minimum(torch.maximum(alpha0.to(dtype=dtype, device=device).reshape(n, T), lo_all), hi_all)
     b_all = torch.zeros(T, dtype=dtype, device=device)

@@ -36,7 +36,8 @@ from typing import Optional
 
 import torch
 
-from .active_set import SIGMA_FLOOR, SIGMA_START, _Column, _certify, next_sigma, supports_active_set
+from .active_set import (SIGMA_FLOOR, SIGMA_START, _Column, _certify, box_qp_inputs, next_sigma,
+                         supports_active_set)
 from .engines import WORKING_SET_SIZE, Monitor, register_solver, sigint_as_flag
 from .losses import Loss
 from .memory import is_out_of_memory
@@ -179,17 +180,9 @@ def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options:
     cache_columns : int, optional
         Kernel columns kept (default ``min(n, 4 q)``).
     """
-    if operator.mode != "exact":
-        raise ValueError(f"working_set needs an exact kernel operator, got mode {operator.mode!r}")
-    if not supports_working_set(loss):
-        raise ValueError(f"solver 'working_set' needs a loss with a quadratic or linear conjugate; {loss!r} has "
-                         "none: use solver='newton'")
-    opts = options or SolverOptions()
+    opts, c_col, lo_all, hi_all = box_qp_inputs("working_set", operator, Y, loss, c, options)
     n, T = Y.shape
     dtype, device = Y.dtype, Y.device
-    c_col = c.reshape(n).to(dtype=dtype, device=device)
-    loss.check_targets(Y)
-    lo_all, hi_all = loss.box(Y, c_col.reshape(n, 1))
     alpha = torch.zeros(n, T, dtype=dtype, device=device)
     if alpha0 is not None:
         start = torch.minimum(torch.maximum(alpha0.to(dtype=dtype, device=device).reshape(n, T), lo_all), hi_all)
