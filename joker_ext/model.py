@@ -17,7 +17,8 @@ from .data import BlockData, as_block_data
 from .features import FeatureMap
 from .kernels import Kernel
 from .losses import Loss
-from .engines import default_max_iter as default_engine_iter, get_solver, resolve_solver, supports_intercept
+from .engines import (available_solvers, default_max_iter as default_engine_iter, get_solver, resolve_solver,
+                      supports_intercept)
 from .memory import parse_memory, plan_blocks
 from .operators import ExactOperator, FeatureOperator
 from .solver import SolverOptions, SolverResult
@@ -188,9 +189,12 @@ def fit_dual(
     engine = get_solver(name, op.mode)
     if intercept:
         if not supports_intercept(name, op.mode):
+            able = [s for s in available_solvers(op.mode) if supports_intercept(s, op.mode)]
             raise ValueError(f"intercept=True needs an engine that fits the intercept itself; solver {name!r} "
-                             f"({op.mode} mode) does not (those that do: 'active_set' for exact kernels)")
+                             f"({op.mode} mode) does not (those that do in {op.mode} mode: {able})")
         kw["intercept"] = True
+    if max_memory is not None and name == "working_set":  # half the budget to the kernel-column cache
+        kw["cache_columns"] = max(1, parse_memory(max_memory) // (2 * data.n * (torch.finfo(dtype).bits // 8)))
     if opts.max_iter is None:
         opts = replace(opts, max_iter=default_engine_iter(name, data.n, opts.block_size))
     if max_memory is not None and name == "dbcd_tr":

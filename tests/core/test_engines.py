@@ -278,9 +278,32 @@ def test_several_targets_equal_separate_fits(solver):
                                                                           abs=1e-8)
 
 
+def test_working_set_under_max_memory_gives_the_same_model(monkeypatch):
+    """``max_memory`` bounds the kernel-column cache (here to 20 of 700 columns): same optimum."""
+    from joker_ext import working_set as ws
+
+    capacities = []
+    init = ws._ColumnCache.__init__
+
+    def spy(self, operator, capacity, dtype, device):
+        init(self, operator, capacity, dtype, device)
+        capacities.append(self.capacity)
+
+    monkeypatch.setattr(ws._ColumnCache, "__init__", spy)
+    loss, X, y = _problem("hinge", n=700, seed=9)
+    kw = dict(loss=loss, c=torch.full((700,), 5.0, dtype=F64), kernel=GaussianKernel(1.0),
+              options=SolverOptions(tol=1e-12, max_iter=500), solver="working_set", intercept=True)
+    free = fit_dual(torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1), **kw)
+    tight = fit_dual(torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1), max_memory=2 * 700 * 8 * 20, **kw)
+    assert capacities == [700, 20]  # all columns fit by default (4 q >= n); 20 under the budget
+    assert free.result.status == tight.result.status == "converged"
+    assert tight.result.primal == pytest.approx(free.result.primal, rel=1e-10)
+    np.testing.assert_allclose(tight.result.state["f"].numpy(), free.result.state["f"].numpy(), atol=1e-8)
+
+
 def test_intercept_needs_an_engine_that_fits_it():
     loss, X, y = _problem("hinge", n=50)
-    with pytest.raises(ValueError, match="intercept=True needs an engine"):
+    with pytest.raises(ValueError, match="intercept=True needs an engine.*'working_set'"):
         fit_dual(torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1), loss=loss,
                  c=torch.ones(50, dtype=F64), kernel=GaussianKernel(1.0), solver="dbcd_tr", intercept=True)
     with pytest.raises(ValueError, match="quadratic or linear conjugate"):
