@@ -728,10 +728,12 @@ _COMMON_PARAMS_DOC = """
         Parameters of the epsilon_insensitive, huber and pinball losses.
     solver : str, default 'auto'
         The engine (:mod:`joker_ext.engines`): 'newton' (second order: projected Newton on the whole dual
-        for exact kernels, Newton-PCG on the feature weights for random features), 'dbcd_tr' (the Joker
-        paper's block method, memory O(n b)), or 'auto' (:func:`joker_ext.engines.resolve_solver`: Newton
-        where it is measured to converge fast and its memory fits, DBCD-TR elsewhere). ``solver_`` holds the
-        engine used.
+        for exact kernels, Newton-PCG on the feature weights for random features), 'active_set' (exact
+        kernels, losses with a quadratic or linear conjugate: proximal primal-dual active-set rounds on
+        the whole dual), 'working_set' (exact kernels, the same losses by decomposition, never forming
+        K), 'dbcd_tr' (the Joker paper's block method, memory O(n b)), or 'auto'
+        (:func:`joker_ext.engines.resolve_solver`: the second-order engine measured fastest for the loss
+        where its memory fits, DBCD-TR elsewhere). ``solver_`` holds the engine used.
     device : str or torch.device, default 'cpu'
     dtype : {{'float64', 'float32'}} or torch dtype, default 'float64'
     random_state : int, RandomState or None
