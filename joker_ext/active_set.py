@@ -148,12 +148,11 @@ class _Column:
 
     def _intercept_without_free(self, a, s, abar) -> float:
         """With every coordinate fixed, ``b`` is any value keeping each fixed coordinate's multiplier of the
-        right sign: the middle of that interval (clipped when the prediction is not yet consistent)."""
+        right sign (:meth:`intercept_bounds`): the middle of that interval (clipped when the prediction is
+        not yet consistent)."""
         g0 = self.K @ a + (self.h + s) * a - (self.lin + s * abar)
-        lower = torch.cat([(-g0 - self.kink)[a <= self.lo], (-g0 - self.kink)[(a == 0) & (self.lo < 0)]])
-        upper = torch.cat([(-g0 + self.kink)[a >= self.hi], (-g0 + self.kink)[(a == 0) & (self.hi > 0)]])
-        lo_b = float(lower.max()) if lower.numel() else -math.inf
-        hi_b = float(upper.min()) if upper.numel() else math.inf
+        lower, upper = self.intercept_bounds(a, g0)
+        lo_b, hi_b = float(lower.max()), float(upper.min())
         if math.isinf(lo_b) and math.isinf(hi_b):
             return 0.0
         if math.isinf(lo_b) or math.isinf(hi_b):
@@ -323,9 +322,10 @@ def _rough_solve(col: _Column, F0: Optional[torch.Tensor], *, rounds: int):
 
 
 def box_qp_inputs(engine: str, operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor,
-                  options: Optional[SolverOptions]):
+                  options: Optional[SolverOptions], alpha0: Optional[torch.Tensor]):
     """Checks shared by the box-QP engines (an exact operator, a loss with a quadratic or linear conjugate,
-    valid targets); returns ``(options, c as a column of Y's dtype, lo, hi)`` with the box of every entry."""
+    valid targets); returns ``(options, c as a vector of Y's dtype, start)`` with the start ``alpha0``
+    projected on the box (zeros without one)."""
     if operator.mode != "exact":
         raise ValueError(f"{engine} needs an exact kernel operator, got mode {operator.mode!r}")
     if not supports_active_set(loss):
@@ -335,7 +335,9 @@ def box_qp_inputs(engine: str, operator, Y: torch.Tensor, loss: Loss, c: torch.T
     c_col = c.reshape(n).to(dtype=Y.dtype, device=Y.device)
     loss.check_targets(Y)
     lo, hi = loss.box(Y, c_col.reshape(n, 1))
-    return options or SolverOptions(), c_col, lo, hi
+    alpha = torch.zeros_like(Y) if alpha0 is None else \
+        torch.minimum(torch.maximum(alpha0.to(dtype=Y.dtype, device=Y.device).reshape(Y.shape), lo), hi)
+    return options or SolverOptions(), c_col, alpha
 
 
 def active_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: Optional[SolverOptions] = None,
@@ -364,11 +366,9 @@ def active_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: 
     callback, validation, snapshot, snapshot_every :
         As in :func:`joker_ext.solver.dbcd_tr`, once per proximal round.
     """
-    opts, c_col, lo_all, hi_all = box_qp_inputs("active_set", operator, Y, loss, c, options)
+    opts, c_col, alpha = box_qp_inputs("active_set", operator, Y, loss, c, options, alpha0)
     n, T = Y.shape
     dtype, device = Y.dtype, Y.device
-    alpha = torch.zeros(n, T, dtype=dtype, device=device) if alpha0 is None else \
-        torch.minimum(torch.maximum(alpha0.to(dtype=dtype, device=device).reshape(n, T), lo_all), hi_all)
     b_all = torch.zeros(T, dtype=dtype, device=device)
     if intercept and state0 is not None and "intercept" in state0:
         b_all = state0["intercept"].to(dtype=dtype, device=device).reshape(T).clone()

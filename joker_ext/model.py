@@ -184,8 +184,8 @@ def fit_dual(
     else:
         kw = dict(alpha0=alpha0)
     opts = options or SolverOptions()
-    name = resolve_solver(solver, op.mode, data.n, torch.finfo(dtype).bits // 8, loss,
-                          None if max_memory is None else parse_memory(max_memory))
+    budget = None if max_memory is None else parse_memory(max_memory)
+    name = resolve_solver(solver, op.mode, data.n, torch.finfo(dtype).bits // 8, loss, budget)
     engine = get_solver(name, op.mode)
     if intercept:
         if not supports_intercept(name, op.mode):
@@ -193,8 +193,8 @@ def fit_dual(
             raise ValueError(f"intercept=True needs an engine that fits the intercept itself; solver {name!r} "
                              f"({op.mode} mode) does not (those that do in {op.mode} mode: {able})")
         kw["intercept"] = True
-    if max_memory is not None and name == "working_set":  # half the budget to the kernel-column cache
-        kw["cache_columns"] = max(1, parse_memory(max_memory) // (2 * data.n * (torch.finfo(dtype).bits // 8)))
+    if budget is not None and name == "working_set":  # half the budget to the kernel-column cache
+        kw["cache_columns"] = max(1, budget // (2 * data.n * (torch.finfo(dtype).bits // 8)))
     if opts.max_iter is None:
         opts = replace(opts, max_iter=default_engine_iter(name, data.n, opts.block_size))
     if max_memory is not None and name == "dbcd_tr":

@@ -94,12 +94,12 @@ class _ColumnCache:
         return self.buffer[:, slots]
 
 
-def _select(col: _Column, a, grad, q: int, intercept: bool) -> torch.Tensor:
+def _select(col: _Column, a, bounds, q: int, intercept: bool) -> torch.Tensor:
     """The working set: every free coordinate (``lo < a_i < hi``, ``a_i != 0``) and the worst violators of
     the optimality conditions, at least as many as free ones (so the set grows to ``2 |free|`` when the
     free coordinates outnumber ``q / 2``: a decomposition whose subproblems cannot hold the free set
-    crawls)."""
-    lower, upper = col.intercept_bounds(a, grad)
+    crawls). ``bounds``: :meth:`_Column.intercept_bounds` at ``a``."""
+    lower, upper = bounds
     n = a.numel()
     free = torch.nonzero((a > col.lo) & (a < col.hi) & (a != 0)).reshape(-1)
     budget = min(n, max(q, 2 * free.numel())) - free.numel()
@@ -114,10 +114,11 @@ def _select(col: _Column, a, grad, q: int, intercept: bool) -> torch.Tensor:
     return torch.unique(torch.cat([free, chosen]))
 
 
-def _best_intercept(col: _Column, a, grad, b_sub: float) -> float:
-    """An intercept for the certificate: the middle of ``[max l, min u]`` when it is not empty, else the
-    subproblem's multiplier clipped into the spread of the bounds."""
-    lower, upper = col.intercept_bounds(a, grad)
+def _best_intercept(bounds, b_sub: float) -> float:
+    """An intercept for the certificate from ``bounds = (l, u)`` (:meth:`_Column.intercept_bounds`): the
+    middle of ``[max l, min u]`` when it is not empty, else the subproblem's multiplier clipped into the
+    spread of the bounds."""
+    lower, upper = bounds
     lo = float(lower.max()) if torch.isfinite(lower).any() else -math.inf
     hi = float(upper.min()) if torch.isfinite(upper).any() else math.inf
     if lo <= hi:
@@ -180,15 +181,11 @@ def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options:
     cache_columns : int, optional
         Kernel columns kept (default ``min(n, 4 q)``).
     """
-    opts, c_col, lo_all, hi_all = box_qp_inputs("working_set", operator, Y, loss, c, options)
+    opts, c_col, alpha = box_qp_inputs("working_set", operator, Y, loss, c, options, alpha0)
     n, T = Y.shape
     dtype, device = Y.dtype, Y.device
-    alpha = torch.zeros(n, T, dtype=dtype, device=device)
-    if alpha0 is not None:
-        start = torch.minimum(torch.maximum(alpha0.to(dtype=dtype, device=device).reshape(n, T), lo_all), hi_all)
-        usable = (start.sum(0).abs() <= 1e-12 * start.abs().sum(0).clamp_min(1.0)) if intercept else \
-            torch.ones(T, dtype=torch.bool, device=device)
-        alpha[:, usable] = start[:, usable]
+    if intercept:  # a start off the hyperplane sum a = 0 is not feasible: those columns start from zero
+        alpha[:, alpha.sum(0).abs() > 1e-12 * alpha.abs().sum(0).clamp_min(1.0)] = 0.0
     q = max(2, min(int(working_set_size), n))
     cache = _ColumnCache(operator, cache_columns or min(n, 4 * q), dtype, device)
     mon = Monitor(opts, callback=callback, validation=validation, snapshot=snapshot, snapshot_every=snapshot_every,
@@ -206,10 +203,12 @@ def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options:
             scale = columns[0].scale
             sigma = [SIGMA_START * scale] * T
             b_sub = [0.0] * T
-            grads = [F[:, t] + col.h * alpha[:, t] - col.lin for t, col in enumerate(columns)]
+            # each column's intercept intervals at its current point (the next working set and b come from them)
+            bounds = [col.intercept_bounds(alpha[:, t], F[:, t] + col.h * alpha[:, t] - col.lin)
+                      for t, col in enumerate(columns)]
             if intercept:
-                b_all = torch.tensor([_best_intercept(col, alpha[:, t], grads[t], 0.0)
-                                      for t, col in enumerate(columns)], dtype=dtype, device=device)
+                b_all = torch.tensor([_best_intercept(bounds[t], 0.0) for t in range(T)], dtype=dtype,
+                                     device=device)
             rec = _certify(mon, loss, Y, F, alpha, b_all, c_col, it, state, sigma)
             reason = "converged" if rec["rel_gap"] <= opts.tol else None
             while reason is None and it < opts.max_iter:
@@ -217,7 +216,7 @@ def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options:
                     if rec["column_rel_gap"][t] <= opts.tol:
                         continue
                     a = alpha[:, t]
-                    B = _select(col, a, grads[t], q, intercept)
+                    B = _select(col, a, bounds[t], q, intercept)
                     K_B = cache(B)
                     aB, b_sub[t], sigma[t] = _subproblem(col, K_B, B, a, F[:, t], b_sub[t], sigma[t],
                                                          SIGMA_FLOOR * scale)
@@ -226,9 +225,9 @@ def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options:
                     if bool(moved.any()):
                         F[:, t] += K_B[:, moved] @ delta[moved]
                         a[B] = aB
-                    grads[t] = F[:, t] + col.h * a - col.lin
+                    bounds[t] = col.intercept_bounds(a, F[:, t] + col.h * a - col.lin)
                     if intercept:
-                        b_all[t] = _best_intercept(col, a, grads[t], b_sub[t])
+                        b_all[t] = _best_intercept(bounds[t], b_sub[t])
                 it += 1
                 rec = _certify(mon, loss, Y, F, alpha, b_all, c_col, it, state, sigma)
                 reason = mon.stop_reason(rec, state, alpha, sig.flag)
