@@ -43,7 +43,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-__all__ = ["register_solver", "get_solver", "available_solvers", "resolve_solver", "supports_intercept", "Monitor",
+__all__ = ["register_solver", "get_solver", "available_solvers", "resolve_solver", "supports_intercept",
+           "supports_distributed", "Monitor",
            "DEFAULT_EXACT_MEMORY", "default_max_iter"]
 
 #: Memory the full-dual Newton engine may give the ``n x n`` kernel matrix and its factor when the user
@@ -60,15 +61,18 @@ DBCD_EPOCHS = 50
 
 _SOLVERS: Dict[Tuple[str, str], Callable] = {}
 _WITH_INTERCEPT = set()
+_DISTRIBUTED = set()
 
 
 def register_solver(name: str, mode: str, engine: Callable, *, overwrite: bool = False,
-                    intercept: bool = False) -> None:
+                    intercept: bool = False, distributed: bool = False) -> None:
     """Register ``engine`` as solver ``name`` for operators of ``mode`` ('exact' or 'features').
 
     ``intercept=True`` declares that the engine takes ``intercept=True`` and then fits an unregularized
     intercept itself (the dual constraint ``sum_i alpha_i = 0``), returned as ``state['intercept']``;
-    other engines get the intercept from the estimators' outer search."""
+    other engines get the intercept from the estimators' outer search. ``distributed=True`` declares that
+    it takes ``shards=`` (:class:`joker_ext.distributed.RowShards`) and then fits on rows spread over
+    the processes of a ``torch.distributed`` group."""
     if not isinstance(name, str) or not name or name == "auto":
         raise ValueError(f"name must be a non-empty string other than 'auto', got {name!r}")
     if mode not in ("exact", "features"):
@@ -78,16 +82,23 @@ def register_solver(name: str, mode: str, engine: Callable, *, overwrite: bool =
     if (name, mode) in _SOLVERS and not overwrite:
         raise ValueError(f"a solver {name!r} for mode {mode!r} is registered already; pass overwrite=True")
     _SOLVERS[(name, mode)] = engine
-    if intercept:
-        _WITH_INTERCEPT.add((name, mode))
-    else:
-        _WITH_INTERCEPT.discard((name, mode))
+    for flag, registry in ((intercept, _WITH_INTERCEPT), (distributed, _DISTRIBUTED)):
+        if flag:
+            registry.add((name, mode))
+        else:
+            registry.discard((name, mode))
 
 
 def supports_intercept(name: str, mode: str) -> bool:
     """True when engine ``name`` fits the intercept itself (see :func:`register_solver`)."""
     _ensure_builtin()
     return (name, mode) in _WITH_INTERCEPT
+
+
+def supports_distributed(name: str, mode: str) -> bool:
+    """True when engine ``name`` fits rows sharded over processes (see :func:`register_solver`)."""
+    _ensure_builtin()
+    return (name, mode) in _DISTRIBUTED
 
 
 def available_solvers(mode: Optional[str] = None) -> Tuple[str, ...]:
@@ -104,7 +115,8 @@ def get_solver(name: str, mode: str) -> Callable:
     return _SOLVERS[(name, mode)]
 
 
-def resolve_solver(name: str, mode: str, n: int, itemsize: int, loss=None, max_memory: Optional[int] = None) -> str:
+def resolve_solver(name: str, mode: str, n: int, itemsize: int, loss=None, max_memory: Optional[int] = None,
+                   distributed: bool = False) -> str:
     """The engine ``'auto'`` stands for; other names are returned after checking they are registered.
 
     ``'auto'`` takes a second-order engine where it was measured to converge fast, ``'dbcd_tr'`` elsewhere:
@@ -121,8 +133,19 @@ def resolve_solver(name: str, mode: str, n: int, itemsize: int, loss=None, max_m
     With random features the losses with a linear conjugate (hinge, absolute, pinball,
     epsilon-insensitive) stay with ``'dbcd_tr'``: the feature Newton engine's smoothing continuation was
     measured to identify the many points at their bounds too slowly to be the default (docs/math.rst).
+
+    ``distributed=True`` (rows sharded over processes): the registered engine that supports it,
+    ``'newton'`` in feature mode for every loss; other names raise ValueError naming those that do.
     """
     _ensure_builtin()
+    if distributed:
+        able = sorted(s for (s, m) in _DISTRIBUTED if m == mode)
+        choice = able[0] if name == "auto" and able else name
+        if (choice, mode) not in _DISTRIBUTED:
+            hint = "" if able else " (exact kernels need every row on one process: use random or Nystrom features)"
+            raise ValueError(f"distributed=True needs an engine that runs on sharded rows; solver {choice!r} in "
+                             f"{mode} mode does not (those that do in {mode} mode: {able}){hint}")
+        return choice
     if name != "auto":
         get_solver(name, mode)
         return name

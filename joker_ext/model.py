@@ -14,6 +14,7 @@ from typing import Callable, Optional
 import torch
 
 from .data import BlockData, as_block_data
+from .distributed import row_shards
 from .features import FeatureMap
 from .kernels import Kernel
 from .losses import Loss
@@ -110,6 +111,7 @@ def fit_dual(
     block_model: str = "auto",
     solver: str = "auto",
     intercept: bool = False,
+    distributed=False,
 ) -> KernelModel:
     """Train the model with the chosen engine and return a :class:`KernelModel`.
 
@@ -144,6 +146,13 @@ def fit_dual(
     intercept : bool
         Fit an unregularized intercept per target inside the engine (engines registered with
         ``intercept=True``, e.g. 'active_set'); it is returned as ``model.result.state['intercept']``.
+    distributed : bool or RowShards
+        True: ``X``, ``Y`` and ``c`` are this process's shard of the training rows, spread over the
+        processes of the initialised ``torch.distributed`` process group (:mod:`joker_ext.distributed`);
+        every process calls ``fit_dual`` with its shard and gets the same ``beta`` (``alpha`` holds its
+        own rows' dual variables). Feature mode with an engine registered ``distributed=True``
+        ('newton', which 'auto' then picks for every loss). Only rank 0 writes checkpoints; ``resume``
+        reads the primal weights from the checkpoint on every rank.
     block_model : {'auto', 'exact', 'gram', 'kernel', 'products'}
         DBCD-TR in feature mode only: the block matrix of the trust-region model (see
         :class:`joker_ext.operators.FeatureOperator`). All choices solve the same random-feature
@@ -159,8 +168,10 @@ def fit_dual(
         op = ExactOperator(kernel, data, chunk_rows=chunk_rows, backend=backend)
     else:
         op = FeatureOperator(feature_map, data, chunk_rows=chunk_rows, block_model=block_model)
+    shards = row_shards(distributed)
+    n_all = shards.plan(data.n, data.d) if shards.distributed else data.n
     snapshot = None
-    if checkpoint_path is not None:
+    if checkpoint_path is not None and shards.rank == 0:
         from .checkpoint import SolverCheckpointer
 
         snapshot = SolverCheckpointer(checkpoint_path, checkpoint_every or 100)
@@ -168,7 +179,7 @@ def fit_dual(
         from .checkpoint import load_solver_state
 
         resume = load_solver_state(resume)
-    if resume is not None:
+    if resume is not None and not shards.distributed:  # (sharded: only beta is read, alpha is rank 0's)
         n_rows = data.n
         if tuple(resume["alpha"].shape) != (n_rows, Yd.shape[1]):
             raise ValueError(
@@ -177,16 +188,19 @@ def fit_dual(
             )
         resume = {k: (v.to(device) if torch.is_tensor(v) and k != "rng_state" else v) for k, v in resume.items()}
         resume["state"] = {k: v.to(device=device, dtype=dtype) for k, v in resume["state"].items()}
-    kw = {}
     if resume is not None:
-        kw = dict(alpha0=resume["alpha"], state0=resume["state"], radius0=resume.get("radius"),
-                  start_iter=int(resume.get("iteration", 0)), rng_state=resume.get("rng_state"))
+        kw = dict(alpha0=None if shards.distributed else resume["alpha"], state0=resume["state"],
+                  radius0=resume.get("radius"), start_iter=int(resume.get("iteration", 0)),
+                  rng_state=resume.get("rng_state"))
     else:
         kw = dict(alpha0=alpha0)
     opts = options or SolverOptions()
     budget = None if max_memory is None else parse_memory(max_memory)
-    name = resolve_solver(solver, op.mode, data.n, torch.finfo(dtype).bits // 8, loss, budget)
+    name = resolve_solver(solver, op.mode, n_all, torch.finfo(dtype).bits // 8, loss, budget,
+                          distributed=shards.distributed)
     engine = get_solver(name, op.mode)
+    if shards.distributed:
+        kw["shards"] = shards
     if intercept:
         if not supports_intercept(name, op.mode):
             able = [s for s in available_solvers(op.mode) if supports_intercept(s, op.mode)]
@@ -196,7 +210,7 @@ def fit_dual(
     if budget is not None and name == "working_set":  # half the budget to the kernel-column cache
         kw["cache_columns"] = max(1, budget // (2 * data.n * (torch.finfo(dtype).bits // 8)))
     if opts.max_iter is None:
-        opts = replace(opts, max_iter=default_engine_iter(name, data.n, opts.block_size))
+        opts = replace(opts, max_iter=default_engine_iter(name, n_all, opts.block_size))
     if max_memory is not None and name == "dbcd_tr":
         b, rows, est = plan_blocks(max_memory, data.n, data.d, Yd.shape[1],
                                    n_features=None if feature_map is None else feature_map.n_features,
@@ -212,8 +226,9 @@ def fit_dual(
                      snapshot_every=None if snapshot is None else snapshot.every, **kw)
         if res.status != "out_of_memory":
             break
-        if intercept:
-            raise MemoryError(f"solver {name!r} ran out of memory; pass a smaller max_memory (or random features)")
+        if intercept or shards.distributed:
+            raise MemoryError(f"solver {name!r} ran out of memory; pass a smaller max_memory (or random features)"
+                              + (", or spread the rows over more processes" if shards.distributed else ""))
         if name != "dbcd_tr":
             warnings.warn(f"solver {name!r} ran out of memory; continuing with 'dbcd_tr' from its last iterate",
                           RuntimeWarning, stacklevel=2)

@@ -59,6 +59,7 @@ from typing import Optional
 
 import torch
 
+from .distributed import SingleProcess, local_positions
 from .engines import Monitor, register_solver, sigint_as_flag
 from .features import NystromFeatureMap, RandomFeatureMap
 from .losses import Loss
@@ -106,8 +107,11 @@ class NystromPreconditioner:
     @classmethod
     def sketch(cls, feature_rows, w: torch.Tensor, n_features: int, rank: int, scale: float,
                generator: torch.Generator, *, right=None, left=None, store_dtype=None,
-               svd: Optional[bool] = None) -> "NystromPreconditioner":
+               svd: Optional[bool] = None, reduce=None) -> "NystromPreconditioner":
         """``feature_rows()`` yields ``(rows, G_rows)`` over the sample, ``w`` the sample's curvatures.
+
+        ``reduce(acc)`` (in place), when given, sums the sketch ``Phi_S^T W_S Phi_S Omega`` over the
+        processes that each hold part of the sample (:mod:`joker_ext.distributed`).
 
         The feature matrix is ``Phi = G T`` with ``T V = right(V)`` and ``T^T U = left(U)`` (identity by
         default); the products with ``G`` run in ``G``'s dtype and are accumulated in ``w``'s. The test
@@ -143,6 +147,8 @@ class NystromPreconditioner:
                 acc.add_(G.T @ P)
             del P
         del Om
+        if reduce is not None:
+            reduce(acc)
         Ysk = acc if left is None else left(acc)
         del acc
         Ysk.mul_(scale)
@@ -322,14 +328,16 @@ class _Passes:
     features are computed in) when they fit :data:`RESIDENT_BYTES`.
     """
 
-    def __init__(self, operator, Y, loss: Loss, c_col):
+    def __init__(self, operator, Y, loss: Loss, c_col, shards: SingleProcess):
         self.fmap, self.data = operator.feature_map, operator.data
+        self.shards = shards
         self.Y, self.loss, self.c = Y, loss, c_col
         self.dtype, self.device = Y.dtype, Y.device
         self.basis = _Basis(self.fmap, self.dtype, self.device)
         self.pass_dtype = self.basis.pass_dtype
         self.low = self.pass_dtype != self.dtype
-        self.n, self.M = self.data.n, self.fmap.n_features
+        self.n, self.M = self.data.n, self.fmap.n_features  # n: this process's rows
+        self.n_total = shards.n_total if shards.n_total is not None else shards.plan(self.n, self.data.d)
         # the operator plans chunks of `chunk_rows` rows of solver-dtype features: float32 chunks keep their
         # bytes (twice the rows: fewer launches per pass); the gradient pass, which also holds its chunk in
         # the solver dtype, keeps the planned rows
@@ -392,13 +400,14 @@ class _Passes:
             acc.addmm_(G.T, a)
             del G
         self.passes += 1
-        PhiTA = self.basis.left(acc)
         loss_terms = (self.c * self.loss.value(self.Y, F)).sum(0)
         conj_terms = self.loss.conj(A, self.Y, self.c).sum(0)
+        share = self.loss.fenchel_young(self.Y, F, A, self.c).sum(0)
+        acc, loss_terms, conj_terms, share = self.shards.sum_many(acc, loss_terms, conj_terms, share)
+        PhiTA = self.basis.left(acc)
         primal = 0.5 * (beta * beta).sum(0) + loss_terms
         dual = 0.5 * (PhiTA * PhiTA).sum(0) + conj_terms
-        return {"F": F, "A": A, "W": W, "grad": beta - PhiTA, "primal": primal, "dual": dual,
-                "share": self.loss.fenchel_young(self.Y, F, A, self.c).sum(0)}
+        return {"F": F, "A": A, "W": W, "grad": beta - PhiTA, "primal": primal, "dual": dual, "share": share}
 
     def weights(self, W: torch.Tensor) -> torch.Tensor:
         """The curvatures in the dtype of the Hessian products."""
@@ -409,7 +418,8 @@ class _Passes:
         turned true while the pass was being queued."""
         pd = self.pass_dtype
         Vt = self.basis.right(V).to(pd)
-        plain = self.basis.kind == "generic"  # T = I, one dtype: accumulate onto V directly
+        # T = I, one dtype, one process: accumulate onto V directly
+        plain = self.basis.kind == "generic" and not self.shards.distributed
         acc = V.clone() if plain else torch.zeros_like(V)
         PhiV = torch.empty(self.n, V.shape[1], dtype=V.dtype, device=V.device)
         for k, (start, stop, Xc) in enumerate(self.chunks(self.rows)):
@@ -425,7 +435,10 @@ class _Passes:
                 acc.add_(G.T @ U)
             del G
         self.passes += 1
-        return (acc if plain else V + self.basis.left(acc)), PhiV
+        if plain:
+            return acc, PhiV
+        self.shards.sum_(acc)
+        return V + self.basis.left(acc), PhiV
 
     def sample_features(self, sample: torch.Tensor):
         """Yields ``(positions in sample, G of those rows)`` over the sampled rows, in the solver dtype."""
@@ -437,19 +450,22 @@ class _Passes:
                 yield pos, self.basis.raw(self.take(sample[pos])).to(self.dtype)
         return gen
 
-    def preconditioner(self, sample: torch.Tensor, w_sample: torch.Tensor, rank: int, gen):
+    def preconditioner(self, sample: torch.Tensor, w_sample: torch.Tensor, n_sample: int, rank: int, gen):
         """Nystrom features: :class:`CentersPreconditioner`. Otherwise the randomized Nystrom sketch, in the
         solver dtype: a float32 sketch (its rounding and its larger shift) was measured to cost CG
-        iterations, while the sketch's rows are few."""
+        iterations, while the sketch's rows are few. ``sample`` holds this process's rows of a global
+        sample of ``n_sample`` rows."""
         if self.basis.kind == "nystrom":
-            return CentersPreconditioner(self.basis.R, float(w_sample.mean()), self.n)
-        scale, right, left = self.n / sample.numel(), self.basis.right, self.basis.left
+            (w_sum,) = self.shards.sum_many(w_sample.sum().reshape(1))
+            return CentersPreconditioner(self.basis.R, float(w_sum) / n_sample, self.n_total)
+        scale, right, left = self.n_total / n_sample, self.basis.right, self.basis.left
         if self.basis.kind == "random":  # T = s I: fold s^2 into the scale instead of scaling M x r matrices
             scale, right, left = scale * self.basis.scale ** 2, None, None
         elif self.basis.kind == "generic":
             right = left = None
         return NystromPreconditioner.sketch(self.sample_features(sample), w_sample, self.M, rank, scale, gen,
-                                            right=right, left=left)
+                                            right=right, left=left,
+                                            reduce=self.shards.sum_ if self.shards.distributed else None)
 
 
 def _apply(precond, R: torch.Tensor) -> torch.Tensor:
@@ -487,7 +503,9 @@ def _pcg(passes: _Passes, grad, W, precond, eta: float, max_cg: int, still_open=
         # flag j-1 (is anything still moving after j-1 products?): on a GPU, iteration j-1 is queued behind it
         if j >= 2 and not flags.wait(j - 1):
             break
-        out = passes.hessian_product(P, Wp, abort=(lambda j=j: flags.ready(j) is False) if j >= 1 else None)
+        # (with several processes every product is finished: a product is also an all-reduce)
+        abort = (lambda j=j: flags.ready(j) is False) if j >= 1 and not passes.shards.distributed else None
+        out = passes.hessian_product(P, Wp, abort=abort)
         if out is None:
             break
         HP, PhiP = out
@@ -518,7 +536,7 @@ def constant_curvature(loss: Loss, Y: torch.Tensor, c_col: torch.Tensor) -> bool
                                                                     > 0).all())
 
 
-def _gap_test(loss: Loss, Y, c_col, beta, F, tol: float):
+def _gap_test(loss: Loss, Y, c_col, beta, F, tol: float, shards: SingleProcess):
     """``still_open(D, Z, R)`` for :func:`_pcg` on a quadratic primal: the relative duality gap at
     ``beta + D`` is above ``tol``, computed in O(n + M) without a pass.
 
@@ -530,14 +548,17 @@ def _gap_test(loss: Loss, Y, c_col, beta, F, tol: float):
     def still_open(D, Z, R):
         b, f = beta + D, F + Z
         a, _ = loss.smoothed_dual(f, Y, c_col)
-        primal = 0.5 * (b * b).sum(0) + (c_col * loss.value(Y, f)).sum(0)
+        loss_terms, conj_terms = shards.sum_many((c_col * loss.value(Y, f)).sum(0),
+                                                 loss.conj(a, Y, c_col).sum(0))
+        primal = 0.5 * (b * b).sum(0) + loss_terms
         phi_a = b + R
-        dual = 0.5 * (phi_a * phi_a).sum(0) + loss.conj(a, Y, c_col).sum(0)
+        dual = 0.5 * (phi_a * phi_a).sum(0) + conj_terms
         return primal + dual > tol * torch.maximum(primal.abs(), dual.abs())
     return still_open
 
 
-def _line_search(loss: Loss, Y, c_col, beta, D, F, Z, grad, smoothing: float) -> Optional[float]:
+def _line_search(loss: Loss, Y, c_col, beta, D, F, Z, grad, smoothing: float,
+                 shards: SingleProcess) -> Optional[float]:
     """Armijo step length on ``P_s(beta + t D)`` (every trial O(n): ``Phi (beta + t D) = F + t Z``)."""
     slope = float((grad * D).sum())
     if not slope < 0:
@@ -547,7 +568,8 @@ def _line_search(loss: Loss, Y, c_col, beta, D, F, Z, grad, smoothing: float) ->
     def value(t):
         f = F + t * Z
         a, _ = loss.smoothed_dual(f, Y, c_col, smoothing)
-        return 0.5 * (bb + 2 * t * bd + t * t * dd) + float(loss.smoothed_value(f, Y, c_col, a, smoothing).sum())
+        (terms,) = shards.sum_many(loss.smoothed_value(f, Y, c_col, a, smoothing).sum().reshape(1))
+        return 0.5 * (bb + 2 * t * bd + t * t * dd) + float(terms)
 
     p0, t = value(0.0), 1.0
     for _ in range(MAX_HALVINGS):
@@ -560,7 +582,8 @@ def _line_search(loss: Loss, Y, c_col, beta, D, F, Z, grad, smoothing: float) ->
 
 def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: Optional[SolverOptions] = None,
                    *, alpha0: Optional[torch.Tensor] = None, state0=None, start_iter: int = 0, callback=None,
-                   validation=None, snapshot=None, snapshot_every=None, **_resume) -> SolverResult:
+                   validation=None, snapshot=None, snapshot_every=None, shards: Optional[SingleProcess] = None,
+                   **_resume) -> SolverResult:
     """Minimise the (smoothed) primal over the feature weights by Newton-PCG (see the module docstring).
 
     Parameters
@@ -579,6 +602,10 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
         takes precedence (a checkpoint).
     callback, validation, snapshot, snapshot_every :
         As in :func:`joker_ext.solver.dbcd_tr`, once per Newton iteration.
+    shards : RowShards, optional
+        The rows of ``operator`` and ``Y`` are this process's shard of a data set spread over a
+        ``torch.distributed`` group (:mod:`joker_ext.distributed`): every sum over rows is all-reduced,
+        ``beta`` is the same on every rank and ``alpha`` holds this shard's dual variables.
     """
     if operator.mode != "features":
         raise ValueError(f"feature_newton needs a feature operator, got mode {operator.mode!r}")
@@ -588,17 +615,23 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
     c_col = c.reshape(n, 1).to(dtype=dtype, device=device).expand(n, T)
     loss.check_targets(Y)
     M = operator.feature_map.n_features
-    passes = _Passes(operator, Y, loss, c_col)
+    shards = shards or SingleProcess()
+    passes = _Passes(operator, Y, loss, c_col, shards)
     basis = passes.basis
     if state0 is not None and "beta" in state0:
         beta = basis.to_internal(state0["beta"].to(dtype=dtype, device=device).clone())
     elif alpha0 is not None:
-        beta = basis.to_internal(operator.init_state(alpha0.to(dtype=dtype, device=device).reshape(n, T))["beta"])
+        beta0 = operator.init_state(alpha0.to(dtype=dtype, device=device).reshape(n, T))["beta"]
+        beta = basis.to_internal(shards.sum_(beta0))
     else:
         beta = torch.zeros(M, T, dtype=dtype, device=device)
-    s0 = float(c_col.mean()) if needs_smoothing(loss, Y, c_col) else 0.0
+    if shards.any(needs_smoothing(loss, Y, c_col)):  # (decided from every shard's rows alike)
+        (c_sum,) = shards.sum_many(c.sum().to(dtype).reshape(1))
+        s0 = float(c_sum) / passes.n_total
+    else:
+        s0 = 0.0
     # a quadratic primal is solved by one conjugate-gradient run that stops at the duality gap itself
-    quadratic = constant_curvature(loss, Y, c_col)
+    quadratic = not shards.any(not constant_curvature(loss, Y, c_col))
     smoothing = Continuation(s0)
     rank = min(M, opts.newton_rank or default_rank(M, device))
     gen = torch.Generator().manual_seed(int(opts.seed))
@@ -607,8 +640,11 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
     # float32 products: the conjugate gradients cannot resolve a residual much below float32's precision;
     # the float64 gradient of the next Newton iteration refines the step instead
     cg_floor = max(opts.newton_cg_tol, LOW_PRECISION_CG_TOL if passes.low else 0.0)
-    n_s = min(n, opts.newton_sketch_rows or default_sketch_rows(n, rank))
-    sample = torch.sort(torch.randperm(n, generator=gen)[:n_s]).values.to(device)
+    n_all = passes.n_total
+    n_s = min(n_all, opts.newton_sketch_rows or default_sketch_rows(n_all, rank))
+    # the global sample; this process sketches on the sampled rows it holds
+    sample = local_positions(torch.sort(torch.randperm(n_all, generator=gen)[:n_s]).values, shards.offset, n)
+    sample = sample.to(device)
     mon = Monitor(opts, callback=callback, validation=validation, snapshot=snapshot, snapshot_every=snapshot_every,
                   dtype=dtype)
     status, it, rec, alpha = "max_iter", start_iter, None, torch.zeros(n, T, dtype=dtype, device=device)
@@ -627,23 +663,23 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
                     solve_error = 0.5 * float((g["grad"] * g["grad"]).sum())
                     if smoothing.update(solve_error, float(g["share"].sum())):
                         continue  # re-evaluate at the smaller smoothing before stepping
-                reason = mon.stop_reason(rec, state, alpha, sig.flag)
+                reason = shards.agree(mon.stop_reason(rec, state, alpha, sig.flag))
                 if reason is not None or it >= opts.max_iter:
                     status = reason or "max_iter"
                     break
                 w_sample = g["W"][sample]
-                if precond is None or not torch.equal(w_sample, precond_w):
+                if shards.any(precond is None or not torch.equal(w_sample, precond_w)):
                     precond = None  # free the old factor first
-                    precond = [passes.preconditioner(sample, w_sample[:, t], rank, gen_sketch) for t in range(T)]
+                    precond = [passes.preconditioner(sample, w_sample[:, t], n_s, rank, gen_sketch) for t in range(T)]
                     precond_w = w_sample
                 if quadratic:
                     # the gap test decides; no float32 floor (a recurrence that drifts is caught by the
                     # next gradient pass, which is float64)
-                    eta, still_open = opts.newton_cg_tol, _gap_test(loss, Y, c_col, beta, g["F"], opts.tol)
+                    eta, still_open = opts.newton_cg_tol, _gap_test(loss, Y, c_col, beta, g["F"], opts.tol, shards)
                 else:
                     eta, still_open = min(0.1, max(cg_floor, math.sqrt(max(float(rel.max()), 0.0)))), None
                 D, Z = _pcg(passes, g["grad"], g["W"], precond, eta, opts.max_cg, still_open)
-                t = _line_search(loss, Y, c_col, beta, D, g["F"], Z, g["grad"], smoothing.value)
+                t = _line_search(loss, Y, c_col, beta, D, g["F"], Z, g["grad"], smoothing.value, shards)
                 it += 1
                 if t is None:
                     if smoothing.active and smoothing.update(0.0, 1.0):
@@ -651,7 +687,7 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
                     status = "converged" if float(rel.max()) <= max(opts.tol, 1e3 * torch.finfo(dtype).eps) \
                         else "stalled"
                     break
-                beta = beta + t * D
+                beta = shards.broadcast_(beta + t * D)  # every rank keeps rank 0's weights
         except (RuntimeError, MemoryError) as exc:
             if not is_out_of_memory(exc):
                 raise
@@ -664,4 +700,4 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
     return res
 
 
-register_solver("newton", "features", feature_newton)
+register_solver("newton", "features", feature_newton, distributed=True)
