@@ -6,9 +6,9 @@ descriptions; no solver logic lives here.
 """
 from __future__ import annotations
 
-from joker_ext.kernels import Kernel, register_kernel_translator
+from joker_ext.kernels import Kernel, kernel_from_description, register_kernel_loader, register_kernel_translator
 
-__all__ = ["translate_kernel"]
+__all__ = ["translate_kernel", "load_kernel_description"]
 
 
 def translate_kernel(kernel) -> Kernel:
@@ -48,6 +48,26 @@ def translate_kernel(kernel) -> Kernel:
     )
 
 
-# The core (joker_ext.kernels.as_kernel, used by the scikit-learn estimators) reaches other libraries' kernels
-# through this translator, without importing the adapters itself.
+def load_kernel_description(desc: dict) -> Kernel:
+    """Rebuild a kernel of an adapter from its ``describe()`` output (what checkpoints hold): scikit-learn kernel
+    objects (``'sklearn'``, ``'sklearn_pairwise'``) and the GPyTorch adapter's RQ and active-dims kernels."""
+    kind = desc.get("type")
+    if kind in ("sklearn", "sklearn_pairwise"):
+        from . import sklearn as _sklearn
+
+        return _sklearn.load_description(desc)
+    if kind == "rational_quadratic":
+        from .gpytorch import RationalQuadraticKernel
+
+        return RationalQuadraticKernel(desc["sigma"], desc["alpha"], desc["outputscale"])
+    if kind == "active_dims":
+        from .gpytorch import ActiveDimsKernel
+
+        return ActiveDimsKernel(kernel_from_description(desc["base"]), desc["dims"])
+    raise TypeError(f"unknown kernel description type {kind!r}")
+
+
+# The core (joker_ext.kernels.as_kernel, used by the scikit-learn estimators; kernel_from_description, used by
+# checkpoints) reaches other libraries' kernels through these two functions, without importing the adapters itself.
 register_kernel_translator(translate_kernel)
+register_kernel_loader(load_kernel_description)

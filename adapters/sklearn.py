@@ -10,23 +10,29 @@ scikit-learn                                    joker_ext
 ``Matern(l, nu=inf)``                           ``StationaryKernel('gaussian', sigma=l)``
 ``ConstantKernel(c) * k`` (either side)         the translated ``k`` with its output scale times ``c``
 ``k1 + k2``                                     :class:`joker_ext.kernels.SumKernel`
-other kernels (RationalQuadratic, DotProduct,   :class:`joker_ext.kernels.CallableKernel` running the
+other kernels (RationalQuadratic, DotProduct,   :class:`SklearnKernel` (a CallableKernel) running the
 ExpSineSquared, products, ...)                  scikit-learn kernel's own ``__call__`` (exact mode only)
 ``WhiteKernel``                                 refused: ``k(x, y)`` is 0 for two sets of points; its
                                                 role (noise) is played by ``C`` (``C = outputscale / noise``)
 pairwise name 'rbf' (gamma)                     gaussian with ``sigma = 1 / sqrt(2 gamma)``
 pairwise name 'laplacian' (gamma)               'laplacian_l1' with ``sigma = 1 / gamma`` (L1 distance!)
-other pairwise names ('linear', 'poly', ...)    ``CallableKernel`` over ``sklearn.metrics.pairwise_kernels``
+other pairwise names ('linear', 'poly', ...)    :class:`SklearnPairwiseKernel` over ``pairwise_kernels``
 =============================================== =====================================================
 
 scikit-learn's RBF is ``exp(-||x - y||^2 / (2 l^2))`` and its Matern uses ``sqrt(2 nu) ||x - y|| / l``:
 the same conventions as joker_ext's Gaussian and Matern families, so the length scale is ``sigma``.
 Hyperparameters are read as they are (a snapshot, fixed bounds ignored): fitting a Gaussian process
 first and passing its ``kernel_`` gives Joker the optimised values.
+
+Every translated kernel pickles (no closures), and every one built from scikit-learn's own kernel classes has a
+plain :meth:`~joker_ext.kernels.Kernel.describe` (class names and hyperparameters, :func:`kernel_spec`), so an
+estimator fitted with it can be saved in joker_ext's checkpoint format, which holds no code.
 """
 from __future__ import annotations
 
+import copy
 import math
+import numbers
 from typing import Optional
 
 import numpy as np
@@ -34,7 +40,8 @@ import torch
 
 from joker_ext.kernels import CallableKernel, Kernel, StationaryKernel, SumKernel
 
-__all__ = ["translate_kernel", "pairwise_kernel"]
+__all__ = ["translate_kernel", "pairwise_kernel", "SklearnKernel", "SklearnPairwiseKernel", "kernel_spec",
+           "kernel_from_spec"]
 
 
 def _gp_kernels():
@@ -43,22 +50,162 @@ def _gp_kernels():
     return gpk
 
 
+def _numpy_pair(X1: torch.Tensor, X2: torch.Tensor):
+    return (X1.detach().cpu().numpy().astype(np.float64, copy=False),
+            X2.detach().cpu().numpy().astype(np.float64, copy=False))
+
+
+class _SklearnEvaluation:
+    """``fn(X1, X2)``: a scikit-learn kernel object's own ``__call__`` on two blocks (module level, so that an
+    estimator holding it pickles)."""
+
+    def __init__(self, sk_kernel):
+        self.sk_kernel = sk_kernel
+
+    def __call__(self, X1: torch.Tensor, X2: torch.Tensor) -> torch.Tensor:
+        A, B = _numpy_pair(X1, X2)
+        return torch.from_numpy(np.asarray(self.sk_kernel(A, B), dtype=np.float64))
+
+
+class _PairwiseEvaluation:
+    """``fn(X1, X2)``: ``sklearn.metrics.pairwise_kernels(X1, X2, metric, **params)`` on two blocks."""
+
+    def __init__(self, metric: str, params: dict):
+        self.metric = metric
+        self.params = dict(params)
+
+    def __call__(self, X1: torch.Tensor, X2: torch.Tensor) -> torch.Tensor:
+        from sklearn.metrics.pairwise import pairwise_kernels
+
+        A, B = _numpy_pair(X1, X2)
+        return torch.from_numpy(np.asarray(pairwise_kernels(A, B, metric=self.metric, **self.params),
+                                           dtype=np.float64))
+
+
+class SklearnKernel(CallableKernel):
+    """A scikit-learn Gaussian-process kernel object evaluated by its own ``__call__``, block by block (exact
+    mode only: no spectral description). Its :meth:`describe` is the kernel's :func:`kernel_spec` (class name
+    and hyperparameters), so checkpoints can hold it without pickled code."""
+
+    def __init__(self, sk_kernel):
+        sk_kernel = copy.deepcopy(sk_kernel)  # a snapshot: later changes to the user's object change nothing here
+        super().__init__(_SklearnEvaluation(sk_kernel), name=f"sklearn {sk_kernel!r}")
+        self.sk_kernel = sk_kernel
+
+    def describe(self) -> dict:
+        try:
+            return {"type": "sklearn", "kernel": kernel_spec(self.sk_kernel)}
+        except TypeError:  # a user's kernel class, or a parameter that is code: not describable
+            return super().describe()
+
+
+class SklearnPairwiseKernel(CallableKernel):
+    """``sklearn.metrics.pairwise_kernels(X1, X2, metric, **params)`` as an exact-mode kernel (see
+    :func:`pairwise_kernel`)."""
+
+    def __init__(self, metric: str, params: dict):
+        super().__init__(_PairwiseEvaluation(metric, params), name=f"sklearn pairwise {metric}")
+        self.metric = metric
+        self.params = dict(params)
+
+    def describe(self) -> dict:
+        try:
+            return {"type": "sklearn_pairwise", "metric": self.metric,
+                    "params": {str(k): _encode(v) for k, v in self.params.items()}}
+        except TypeError:
+            return super().describe()
+
+
+# ---------------------------------------------------------------------------- plain descriptions
+def _encode(v):
+    """A kernel parameter as plain data (JSON-able); nested kernels, arrays, tuples, lists and dicts tagged."""
+    gpk = _gp_kernels()
+    if isinstance(v, gpk.Kernel):
+        return {"kernel": kernel_spec(v)}
+    if v is None or isinstance(v, (bool, str)):
+        return v
+    if isinstance(v, np.bool_):
+        return bool(v)
+    if isinstance(v, numbers.Integral):
+        return int(v)
+    if isinstance(v, numbers.Real):
+        return float(v)
+    if isinstance(v, np.ndarray) and v.dtype.kind in "biuf":
+        return {"array": v.tolist(), "dtype": v.dtype.str}
+    if isinstance(v, tuple):
+        return {"tuple": [_encode(e) for e in v]}
+    if isinstance(v, list):
+        return {"list": [_encode(e) for e in v]}
+    if isinstance(v, dict):
+        return {"dict": {str(k): _encode(e) for k, e in v.items()}}
+    raise TypeError(f"the kernel parameter {v!r} ({type(v).__name__}) has no plain description")
+
+
+def _decode(v):
+    if not isinstance(v, dict):
+        return v
+    if "array" in v:
+        return np.asarray(v["array"], dtype=np.dtype(v["dtype"]))
+    if len(v) != 1:
+        raise ValueError(f"malformed value {v!r} in a scikit-learn kernel description")
+    (tag, value), = v.items()
+    if tag == "kernel":
+        return kernel_from_spec(value)
+    if tag == "tuple":
+        return tuple(_decode(e) for e in value)
+    if tag == "list":
+        return [_decode(e) for e in value]
+    if tag == "dict":
+        return {k: _decode(e) for k, e in value.items()}
+    raise ValueError(f"unknown tag {tag!r} in a scikit-learn kernel description")
+
+
+def kernel_spec(kernel) -> dict:
+    """A scikit-learn Gaussian-process kernel as plain data: ``{'class': name, 'params': {...}}`` with the
+    constructor parameters (``get_params(deep=False)``; nested kernels described the same way).
+
+    Raises
+    ------
+    TypeError
+        For a class that is not one of ``sklearn.gaussian_process.kernels``' own (a user's subclass is code),
+        or a parameter that is code (a PairwiseKernel with a callable metric).
+    """
+    gpk = _gp_kernels()
+    cls = type(kernel)
+    if getattr(gpk, cls.__name__, None) is not cls:
+        raise TypeError(f"only scikit-learn's own kernel classes have a plain description, got "
+                        f"{cls.__module__}.{cls.__qualname__}")
+    return {"class": cls.__name__, "params": {k: _encode(v) for k, v in kernel.get_params(deep=False).items()}}
+
+
+def kernel_from_spec(spec: dict):
+    """The scikit-learn kernel object :func:`kernel_spec` described (only classes of
+    ``sklearn.gaussian_process.kernels`` are built: a description never runs other code)."""
+    gpk = _gp_kernels()
+    cls = getattr(gpk, spec["class"], None)
+    if not (isinstance(cls, type) and issubclass(cls, gpk.Kernel) and cls.__module__ == gpk.__name__):
+        raise ValueError(f"{spec['class']!r} is not a kernel class of sklearn.gaussian_process.kernels")
+    return cls(**{k: _decode(v) for k, v in spec["params"].items()})
+
+
+def load_description(desc: dict) -> Kernel:
+    """Rebuild a :class:`SklearnKernel` or :class:`SklearnPairwiseKernel` from its ``describe()``."""
+    if desc["type"] == "sklearn":
+        return SklearnKernel(kernel_from_spec(desc["kernel"]))
+    if desc["type"] == "sklearn_pairwise":
+        return SklearnPairwiseKernel(desc["metric"], {k: _decode(v) for k, v in desc["params"].items()})
+    raise ValueError(f"not a scikit-learn kernel description: {desc!r}")
+
+
 def _with_scale(kernel: Kernel, scale: float) -> Kernel:
+    """``scale * kernel`` for the kernels :func:`translate_kernel` produces."""
     if isinstance(kernel, StationaryKernel):
         return StationaryKernel(kernel.family, kernel.sigma, kernel.nu, kernel.outputscale * scale)
     if isinstance(kernel, SumKernel):
         return SumKernel([_with_scale(p, scale) for p in kernel.parts])
-    fn = kernel
-    return CallableKernel(lambda X1, X2: scale * fn(X1, X2), name=f"{scale:g}*{getattr(fn, 'name', 'kernel')}")
-
-
-def _callable(sk_kernel) -> CallableKernel:
-    def fn(X1: torch.Tensor, X2: torch.Tensor):
-        A = X1.detach().cpu().numpy().astype(np.float64, copy=False)
-        B = X2.detach().cpu().numpy().astype(np.float64, copy=False)
-        return torch.from_numpy(np.asarray(sk_kernel(A, B), dtype=np.float64))
-
-    return CallableKernel(fn, name=f"sklearn {sk_kernel!r}")
+    if isinstance(kernel, SklearnKernel):
+        return SklearnKernel(_gp_kernels().ConstantKernel(scale) * kernel.sk_kernel)
+    raise TypeError(f"cannot scale a kernel of type {type(kernel).__name__}")  # pragma: no cover
 
 
 def _length_scale(kernel) -> np.ndarray | float:
@@ -102,24 +249,23 @@ def translate_kernel(kernel) -> Kernel:
             "machine's predictions; its noise level corresponds to the regularisation C = outputscale / noise_level. "
             "Remove it from the kernel and set C"
         )
-    if cls is gpk.ConstantKernel:
-        c = float(kernel.constant_value)
-        return CallableKernel(lambda X1, X2: torch.full((X1.shape[0], X2.shape[0]), c, dtype=X1.dtype,
-                                                        device=X1.device), name=f"constant {c:g}")
     if cls is gpk.Product:
         for a, b in ((kernel.k1, kernel.k2), (kernel.k2, kernel.k1)):
             if type(a) is gpk.ConstantKernel:
                 c = float(a.constant_value)
                 if not math.isfinite(c) or c <= 0:
                     raise ValueError(f"ConstantKernel constant_value must be positive, got {a.constant_value!r}")
-                return _with_scale(translate_kernel(b), c)
-        return _callable(kernel)
+                inner = translate_kernel(b)
+                # c * (a kernel scikit-learn evaluates) stays one kernel scikit-learn evaluates: the product itself
+                return SklearnKernel(kernel) if isinstance(inner, SklearnKernel) else _with_scale(inner, c)
+        return SklearnKernel(kernel)
     if cls is gpk.Sum:
         white = [p for p in (kernel.k1, kernel.k2) if type(p) is gpk.WhiteKernel]
         if white:
             translate_kernel(white[0])  # raises the explanation
         return SumKernel([translate_kernel(kernel.k1), translate_kernel(kernel.k2)])
-    return _callable(kernel)
+    # ConstantKernel, DotProduct, RationalQuadratic, ExpSineSquared, Exponentiation, products, ...
+    return SklearnKernel(kernel)
 
 
 def pairwise_kernel(metric: str, **params) -> Kernel:
@@ -130,7 +276,7 @@ def pairwise_kernel(metric: str, **params) -> Kernel:
     ``pairwise_kernels`` itself in exact mode. ``gamma=None`` means scikit-learn's ``1 / n_features``,
     which needs the data: pass gamma explicitly.
     """
-    from sklearn.metrics.pairwise import PAIRWISE_KERNEL_FUNCTIONS, pairwise_kernels
+    from sklearn.metrics.pairwise import PAIRWISE_KERNEL_FUNCTIONS
 
     if not isinstance(metric, str) or metric not in PAIRWISE_KERNEL_FUNCTIONS:
         raise ValueError(
@@ -147,9 +293,4 @@ def pairwise_kernel(metric: str, **params) -> Kernel:
             return StationaryKernel("gaussian", 1.0 / math.sqrt(2.0 * gamma))
         return StationaryKernel("laplacian_l1", 1.0 / gamma)
 
-    def fn(X1: torch.Tensor, X2: torch.Tensor):
-        A = X1.detach().cpu().numpy().astype(np.float64, copy=False)
-        B = X2.detach().cpu().numpy().astype(np.float64, copy=False)
-        return torch.from_numpy(np.asarray(pairwise_kernels(A, B, metric=metric, **params), dtype=np.float64))
-
-    return CallableKernel(fn, name=f"sklearn pairwise {metric}")
+    return SklearnPairwiseKernel(metric, params)

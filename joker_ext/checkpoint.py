@@ -153,17 +153,29 @@ def _plain_params(params: dict) -> dict:
 
 
 def save_estimator(estimator, path: PathLike) -> Path:
-    """Save a fitted JokerRegressor / JokerClassifier (tensors and plain metadata only, atomic)."""
-    from .kernels import StationaryKernel
+    """Save a fitted JokerRegressor / JokerClassifier (tensors and plain metadata only, atomic).
+
+    The fitted kernel is stored as its :meth:`~joker_ext.kernels.Kernel.describe` (family and bandwidths; class
+    names and hyperparameters for scikit-learn's kernel objects), so an estimator whose ``kernel`` is a kernel
+    object of scikit-learn, GPyTorch or Falkon is saved too. Such an object is stored as its joker_ext
+    translation (``kernel_``): the loaded estimator's ``kernel`` parameter is that translation, which predicts
+    and refits the same. A kernel that is code (a ``CallableKernel`` over a function, GPyTorch's or Falkon's
+    kernels without a spectral description) cannot be described: TypeError, pickle the estimator instead.
+    """
+    from .kernels import kernel_from_description
 
     if not hasattr(estimator, "dual_coef_"):
         raise ValueError(f"estimator {type(estimator).__name__} is not fitted; call fit before saving it")
-    if not isinstance(estimator.kernel_, StationaryKernel):
-        raise TypeError("only estimators with a stationary joker_ext kernel can be saved without pickling code")
+    kernel_desc = estimator.kernel_.describe()
+    kernel_from_description(kernel_desc)  # TypeError now, at save, for a kernel no description can hold
+    params = estimator.get_params(deep=False)  # a kernel object's own parameters are in its description
+    kernel_param = params.pop("kernel")
     meta = {
         "class": type(estimator).__name__,
-        "params": _plain_params(estimator.get_params()),
-        "kernel": estimator.kernel_.describe(),
+        "params": _plain_params(params),
+        # the kernel parameter: a family name as it is, a kernel object as the fitted kernel's description
+        "kernel_param": kernel_param if isinstance(kernel_param, str) else None,
+        "kernel": kernel_desc,
         "y_1d": bool(getattr(estimator, "_y_1d", True)),
         "n_features_in": int(estimator.n_features_in_),
         "fit": {k: getattr(estimator, k) for k in ("n_iter_", "status_", "primal_objective_", "dual_objective_",
@@ -194,19 +206,27 @@ def load_estimator(path: PathLike):
     """Rebuild an estimator saved by :func:`save_estimator`; it predicts exactly as the saved one."""
     from .data import resolve_device, resolve_dtype
     from .features import make_feature_map
-    from .kernels import StationaryKernel
-    from .losses import get_loss
+    from .kernels import StationaryKernel, kernel_from_description
 
     obj = load_checkpoint(path, kind="estimator")
     meta = json.loads(obj["meta"])
     cls = _ESTIMATOR_CLASSES.get(meta["class"])
     if cls is None:
         raise ValueError(f"unknown estimator class {meta['class']!r} in {str(path)!r}")
-    est = cls(**meta["params"])
     kd = meta["kernel"]
-    est.kernel_ = StationaryKernel(kd["family"], kd["sigma"], kd["nu"], kd["outputscale"])
-    s = est.kernel_.sigma
-    est.sigma_ = float(s) if s.numel() == 1 else s.numpy().copy()
+    if "type" not in kd:  # written before descriptions carried their type: always a stationary kernel
+        kd = {"type": "stationary", **kd}
+    kernel = kernel_from_description(kd)
+    params = dict(meta["params"])
+    if "kernel" not in params:
+        params["kernel"] = meta["kernel_param"] if meta.get("kernel_param") is not None else kernel
+    est = cls(**params)
+    est.kernel_ = kernel
+    if isinstance(kernel, StationaryKernel):
+        s = kernel.sigma
+        est.sigma_ = float(s) if s.numel() == 1 else s.numpy().copy()
+    else:
+        est.sigma_ = None
     est.dtype_ = resolve_dtype(est.dtype)
     est.device_ = resolve_device(est.device)
     est.loss_ = est._loss_object()
@@ -232,7 +252,7 @@ def load_estimator(path: PathLike):
         est.intercept_ = est._format_intercept(obj["intercept"].numpy())
     else:
         est.intercept_ = None
-    fam = est.kernel_.family
+    fam = getattr(est.kernel_, "family", None)
     sig = est.sigma_
     est.gamma_ = (1.0 / (2.0 * sig**2) if fam == "gaussian" else 1.0 / sig) \
         if fam in ("gaussian", "laplacian_l1") and isinstance(sig, float) else None

@@ -47,6 +47,8 @@ __all__ = [
     "keops_available",
     "as_kernel",
     "register_kernel_translator",
+    "kernel_from_description",
+    "register_kernel_loader",
     "KERNEL_FAMILIES",
 ]
 
@@ -114,6 +116,12 @@ class Kernel:
             stop = min(start + chunk_size, X1.shape[0])
             out[start:stop] = self(X1[start:stop], X2) @ V
         return out.squeeze(1) if squeeze else out
+
+    def describe(self) -> dict:
+        """Plain metadata (numbers, strings, lists, dicts) from which :func:`kernel_from_description` rebuilds
+        the kernel. A kernel class that does not override this is code, which no description holds: its
+        description is ``'callable'``, which checkpoints refuse."""
+        return {"type": "callable", "name": type(self).__qualname__}
 
     def __add__(self, other: "Kernel") -> "SumKernel":
         if not isinstance(other, Kernel):
@@ -279,7 +287,7 @@ class StationaryKernel(Kernel):
         return StationaryKernel(self.family, sigma, self.nu, self.outputscale)
 
     def describe(self) -> dict:
-        """Plain metadata (no tensors of pickled code): used by checkpoints and reports."""
+        """Plain metadata (no tensors or pickled code): used by checkpoints and reports."""
         sigma = self.sigma.tolist()
         return {"type": "stationary", "family": self.family, "sigma": sigma, "nu": self.nu,
                 "outputscale": self.outputscale}
@@ -389,6 +397,9 @@ class CallableKernel(Kernel):
         return out.to(dtype=X1.dtype, device=X1.device)
 
     def describe(self) -> dict:
+        """``{'type': 'callable', 'name': ...}``: a function cannot be described without its code, so
+        :func:`kernel_from_description` refuses this description (subclasses that wrap a describable kernel
+        object, such as the scikit-learn adapter's, override this)."""
         return {"type": "callable", "name": self.name}
 
     def __repr__(self) -> str:
@@ -448,6 +459,44 @@ def as_kernel(kernel) -> Kernel:
         raise TypeError(f"kernel must be a joker_ext kernel (joker_ext.adapters, which translates other libraries' "
                         f"kernels, is not loaded); got {type(kernel).__module__}.{type(kernel).__name__}")
     return _kernel_translator(kernel)
+
+
+# Descriptions (``Kernel.describe()``) of kernels defined by joker_ext.adapters (scikit-learn kernel objects, the
+# GPyTorch adapter's RQ and active-dims kernels) are rebuilt by a loader the adapters register here, as for the
+# translator above.
+_kernel_loader: Optional[Callable[[dict], Kernel]] = None
+
+
+def register_kernel_loader(load: Callable[[dict], Kernel]) -> None:
+    """Set the function :func:`kernel_from_description` hands the descriptions it does not know to."""
+    global _kernel_loader
+    _kernel_loader = load
+
+
+def kernel_from_description(desc: dict) -> Kernel:
+    """Rebuild a kernel from its :meth:`describe` output (plain data: what checkpoints store).
+
+    ``'stationary'`` and ``'sum'`` descriptions are rebuilt here, the others by the loader of
+    :mod:`joker_ext.adapters`. A ``'callable'`` description (a function's name only) cannot be rebuilt.
+
+    Raises
+    ------
+    TypeError
+        For a description of a kernel that holds code (``CallableKernel``) or of an unknown type.
+    """
+    if not isinstance(desc, dict) or "type" not in desc:
+        raise TypeError(f"a kernel description is a dict with a 'type' entry, got {desc!r}")
+    kind = desc["type"]
+    if kind == "stationary":
+        return StationaryKernel(desc["family"], desc["sigma"], desc.get("nu"), desc.get("outputscale", 1.0))
+    if kind == "sum":
+        return SumKernel([kernel_from_description(p) for p in desc["parts"]])
+    if kind == "callable":
+        raise TypeError(f"the kernel {desc.get('name', '?')!r} is evaluated by its own code (a CallableKernel), which "
+                        "a description cannot hold; pickle the estimator instead")
+    if _kernel_loader is None:
+        raise TypeError(f"unknown kernel description type {kind!r} (joker_ext.adapters is not loaded)")
+    return _kernel_loader(desc)
 
 
 def make_kernel(

@@ -61,3 +61,112 @@ def test_max_memory_parameter_is_honoured():
     with pytest.warns(RuntimeWarning, match="block_size reduced"):
         m = JokerRegressor(block_size=3000, max_iter=5, max_memory="40MB", sigma=1.0).fit(X, y)
     assert np.all(np.isfinite(m.predict(X[:10])))
+
+
+# ----------------------------------------------------------------------------- other libraries' kernels
+def _sklearn_composite():
+    from sklearn.gaussian_process.kernels import RBF, ConstantKernel, DotProduct, RationalQuadratic
+
+    return {
+        "sk-rbf*dot": (lambda: RBF(1.5) * DotProduct(), None),  # once a local closure: could not be pickled
+        "sk-2*rbf_ard+dot": (lambda: ConstantKernel(2.0) * RBF([1.0, 2.0, 0.5]) + DotProduct(sigma_0=0.5), None),
+        "sk-const+0.5*rq": (lambda: ConstantKernel(0.7) + 0.5 * RationalQuadratic(alpha=2.0), None),
+        "sk-2*rbf+matern-rff": (lambda: ConstantKernel(2.0) * RBF(1.5) + _sk_matern(), 64),
+    }
+
+
+def _sk_matern():
+    from sklearn.gaussian_process.kernels import Matern
+
+    return Matern(length_scale=0.8, nu=2.5)
+
+
+def _gpytorch_kernel():
+    gk = pytest.importorskip("gpytorch").kernels
+    k = gk.ScaleKernel(gk.RBFKernel())
+    k.outputscale = 1.7
+    k.base_kernel.lengthscale = 0.9
+    return k
+
+
+def _gpytorch_rq_active_dims():
+    gk = pytest.importorskip("gpytorch").kernels
+    return gk.AdditiveKernel(gk.RQKernel(active_dims=[0, 2]), gk.MaternKernel(nu=1.5, active_dims=[1]))
+
+
+def _falkon_kernel():
+    return pytest.importorskip("falkon").kernels.GaussianKernel(1.3)
+
+
+_KERNEL_CASES = {
+    **{name: (make, nf) for name, (make, nf) in _sklearn_composite().items()},
+    "gpytorch-scale(rbf)-exact": (_gpytorch_kernel, None),
+    "gpytorch-scale(rbf)-rff": (_gpytorch_kernel, 64),
+    "gpytorch-rq+matern-active-dims": (_gpytorch_rq_active_dims, None),
+    "falkon-gaussian-exact": (_falkon_kernel, None),
+    "falkon-gaussian-rff": (_falkon_kernel, 64),
+}
+
+
+@pytest.mark.parametrize("name", list(_KERNEL_CASES))
+@pytest.mark.parametrize("cls", [JokerRegressor, JokerClassifier])
+def test_library_kernels_round_trip_through_pickle_and_checkpoint(tmp_path, name, cls):
+    """issue #15: an estimator fitted with a composite scikit-learn kernel, a GPyTorch kernel or a Falkon kernel
+    (exact and random features) predicts identically after pickle and after save/load."""
+    import pickle
+
+    make, n_features = _KERNEL_CASES[name]
+    rng = np.random.default_rng(4)
+    X = rng.standard_normal((70, 3))
+    y = np.sin(X[:, 0]) + 0.5 * X[:, 1] if cls is JokerRegressor else (X[:, 0] + 0.3 * X[:, 2] > 0).astype(int)
+    est = cls(kernel=make(), n_features=n_features, random_state=2, max_iter=30, tol=1e-6)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a short fit: convergence is not the point
+        est.fit(X, y)
+    Xt = rng.standard_normal((25, 3))
+    out = est.predict if cls is JokerRegressor else est.decision_function
+    ref = out(Xt)
+    assert np.all(np.isfinite(ref)) and np.ptp(ref) > 0
+
+    back = pickle.loads(pickle.dumps(est))
+    np.testing.assert_array_equal((back.predict if cls is JokerRegressor else back.decision_function)(Xt), ref)
+    np.testing.assert_array_equal(back.predict(Xt), est.predict(Xt))
+
+    path = tmp_path / "model.joker"
+    save_estimator(est, path)
+    loaded = load_estimator(path)
+    np.testing.assert_array_equal((loaded.predict if cls is JokerRegressor else loaded.decision_function)(Xt), ref)
+    np.testing.assert_array_equal(loaded.predict(Xt), est.predict(Xt))
+    assert type(loaded.kernel_) is type(est.kernel_)
+    # the loaded estimator refits to the same model (its kernel parameter is the fitted kernel's translation)
+    params = {k: v for k, v in est.get_params(deep=False).items() if k != "kernel"}
+    assert {k: v for k, v in loaded.get_params(deep=False).items() if k != "kernel"} == params
+
+
+def test_composite_sklearn_kernel_survives_as_scikit_learn_object(tmp_path):
+    """The checkpoint stores scikit-learn kernels as class names and hyperparameters, and rebuilds the same objects."""
+    from sklearn.gaussian_process.kernels import RBF, DotProduct
+
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((40, 2))
+    est = JokerRegressor(kernel=RBF(0.7) * DotProduct(sigma_0=2.0), max_iter=20, tol=1e-6).fit(X, X[:, 0])
+    save_estimator(est, tmp_path / "m")
+    back = load_estimator(tmp_path / "m")
+    assert back.kernel_.sk_kernel == RBF(0.7) * DotProduct(sigma_0=2.0)
+    assert back.kernel_.sk_kernel is not est.kernel_.sk_kernel
+
+
+def test_kernels_that_are_code_are_refused_at_save(tmp_path):
+    from joker_ext.kernels import CallableKernel
+
+    rng = np.random.default_rng(6)
+    X = rng.standard_normal((30, 2))
+    est = JokerRegressor(kernel=CallableKernel(_linear, name="linear"), max_iter=10, tol=1e-6).fit(X, X[:, 0])
+    with pytest.raises(TypeError, match="pickle the estimator"):
+        save_estimator(est, tmp_path / "m")
+    assert not (tmp_path / "m").exists()
+
+
+def _linear(A, B):
+    return A @ B.T
