@@ -51,6 +51,7 @@ from sklearn.exceptions import NotFittedError
 
 from joker_ext.conversions import penalty_to_C
 from joker_ext.data import BlockData
+from joker_ext.distributed import SingleProcess, row_shards
 from joker_ext.engines import resolve_solver
 from joker_ext.features import FeatureMap, NystromFeatureMap, make_feature_map
 from joker_ext.kernels import CallableKernel, Kernel, StationaryKernel, keops_available
@@ -368,13 +369,20 @@ def _check_eval_set(Xts, Yts, d: int, dtype: torch.dtype):
     return Xts, Yts
 
 
-def _select_centers(center_selection, X: torch.Tensor, M: Optional[int], seed: int) -> torch.Tensor:
+def _select_centers(center_selection, X: torch.Tensor, M: Optional[int], seed: int,
+                    shards: Optional[SingleProcess] = None) -> torch.Tensor:
     """Centres as Falkon picks them.
 
     'uniform' draws ``M`` distinct rows with ``numpy.random.default_rng(seed).choice(n, M, replace=False)``,
     the draw Falkon's UniformSelector makes for the same seed at a model's first fit. A Falkon
     CenterSelector (e.g. FixedSelector) is asked for its centres; a tensor / array is used as the centres.
+    With rows spread over processes (``shards``) the uniform draw is over all ``n`` rows (shards stacked in
+    rank order) and every rank contributes the drawn rows it holds: the centres of the same data in one
+    process. A selector is asked on rank 0 and its centres broadcast.
     """
+    shards = shards or SingleProcess()
+    if shards.distributed:
+        return _select_centers_sharded(center_selection, X, M, seed, shards)
     n = X.shape[0]
     if isinstance(center_selection, str):
         if center_selection.lower() != "uniform":
@@ -402,6 +410,32 @@ def _select_centers(center_selection, X: torch.Tensor, M: Optional[int], seed: i
     Z = check_features(Z, "center_selection (the centres)", keep_memmap=False)
     check_n_features(Z, X.shape[1], "center_selection (the centres)")
     return Z.to(device=X.device)
+
+
+def _select_centers_sharded(center_selection, X: torch.Tensor, M: Optional[int], seed: int,
+                            shards: SingleProcess) -> torch.Tensor:
+    n, d = shards.n_total, X.shape[1]
+    if isinstance(center_selection, str) and center_selection.lower() == "uniform" and M is not None:
+        m = min(M, n)
+        if m < M:
+            warnings.warn(f"M={M} is greater than the number of training points; using {n} centres", stacklevel=4)
+        idx = torch.from_numpy(np.random.default_rng(seed).choice(n, size=m, replace=False).astype(np.int64))
+        mine = (idx >= shards.offset) & (idx < shards.offset + X.shape[0])
+        Z = torch.zeros(m, d, dtype=X.dtype, device=X.device)
+        Z[mine.to(X.device)] = X[(idx[mine] - shards.offset).to(X.device)]
+        return shards.sum_(Z)  # every row comes from exactly one rank
+    Z = _select_centers(center_selection, X, M, seed) if shards.rank == 0 else None
+    shape = shards.gather_objects(None if Z is None else tuple(Z.shape))[0]
+    Z = Z.to(X.dtype) if Z is not None else torch.empty(shape, dtype=X.dtype, device=X.device)
+    return shards.broadcast_(Z)
+
+
+def _gathered(shards: SingleProcess, *tensors: torch.Tensor) -> tuple:
+    """The tensors of every rank concatenated along their rows, on every rank (in one process: themselves)."""
+    if not shards.distributed:
+        return tensors
+    parts = shards.gather_objects([t.detach().cpu() for t in tensors])
+    return tuple(torch.cat([p[i] for p in parts]).to(t.device) for i, t in enumerate(tensors))
 
 
 def _evaluated_primal(model: KernelModel) -> Optional[float]:
@@ -436,8 +470,20 @@ class _FalkonFace(BaseEstimator):
         check_magnitude(X, "X", dtype=dtype)
         return X
 
-    def _prepare(self, X, M, loss: Loss, T: int, warm: bool = False) -> dict:
-        """Resolve device, kernel, feature map and sizes for the data X (already validated)."""
+    def _row_shards(self, X) -> SingleProcess:
+        """The processes the rows are spread over (``distributed=True``; shards checked against each other
+        on every rank before anything else can fail on one rank alone), else a single process."""
+        shards = row_shards(bool(getattr(self, "distributed", False)))
+        if shards.distributed:
+            shape = tuple(getattr(X, "shape", ()))
+            shards.plan(shape[0] if len(shape) else 0, shape[1] if len(shape) == 2 else -1)
+        return shards
+
+    def _prepare(self, X, M, loss: Loss, T: int, warm: bool = False,
+                 shards: Optional[SingleProcess] = None) -> dict:
+        """Resolve device, kernel, feature map and sizes for the data X (already validated; this rank's rows
+        when ``shards`` spreads them over processes)."""
+        shards = shards or SingleProcess()
         features = check_choice("features", self.features, FEATURE_MODES)
         dtype = check_dtype(self.dtype)
         opt = translate_options(self.options, device=self.device, data_device=X.device, d=X.shape[1],
@@ -449,7 +495,8 @@ class _FalkonFace(BaseEstimator):
             seed = _effective_seed(self.seed)
         kernel = translate_kernel(self.kernel, self.options)
         if features == "auto":
-            features = "cossin" if kernel.supports_random_features and X.shape[0] > AUTO_NYSTROM_MAX_N else "nystrom"
+            n_all = shards.n_total if shards.distributed else X.shape[0]
+            features = "cossin" if kernel.supports_random_features and n_all > AUTO_NYSTROM_MAX_N else "nystrom"
         if features in ("cossin", "cos", "orf") and not kernel.supports_random_features:
             raise ValueError(
                 f"features={self.features!r} needs a kernel with a spectral density (Gaussian, Laplacian, Matern); "
@@ -458,7 +505,7 @@ class _FalkonFace(BaseEstimator):
         n = X.shape[0]
         centers = None
         if features == "nystrom":
-            centers = _select_centers(self.center_selection, X, M, seed).to(device=opt["device"], dtype=dtype)
+            centers = _select_centers(self.center_selection, X, M, seed, shards).to(device=opt["device"], dtype=dtype)
             M_eff = centers.shape[0]
         else:
             if not isinstance(self.center_selection, str):
@@ -480,12 +527,14 @@ class _FalkonFace(BaseEstimator):
         else:
             fmap = None
         return {"opt": opt, "dtype": dtype, "seed": seed, "kernel": kernel, "features": features, "feature_map": fmap,
-                "centers": centers, "block_size": b, "chunk_rows": chunk, "M": M_eff}
+                "centers": centers, "block_size": b, "chunk_rows": chunk, "M": M_eff, "shards": shards}
 
     def _engine(self, prep: dict, n: int, loss: Loss) -> str:
         """The engine ``solver`` stands for (:func:`joker_ext.engines.resolve_solver`)."""
         mode = "exact" if prep["features"] == "exact" else "features"
-        return resolve_solver(getattr(self, "solver", "auto"), mode, n, torch.finfo(prep["dtype"]).bits // 8, loss)
+        shards = prep["shards"]
+        return resolve_solver(getattr(self, "solver", "auto"), mode, shards.n_total if shards.distributed else n,
+                              torch.finfo(prep["dtype"]).bits // 8, loss, distributed=shards.distributed)
 
     def _solver_options(self, prep: dict, n: int, epochs: int, *, callback_epochs: Optional[int] = None,
                         engine: str = "dbcd_tr", iterations: Optional[int] = None,
@@ -567,8 +616,9 @@ class _FalkonFace(BaseEstimator):
                                 info["state"].get("beta"), chunk_rows=prep["chunk_rows"],
                                 backend=prep["opt"]["backend"])
             pred = model.decision(Xe.to(device=prep["opt"]["device"])).to(device=Ye.device, dtype=Ye.dtype)
+            Ye_all, pred = _gathered(prep["shards"], Ye, pred)  # the error of every rank's rows together
             try:
-                err = self.error_fn(Ye, pred)
+                err = self.error_fn(Ye_all, pred)
             except Exception as exc:  # Falkon's error functions may stop the optimisation
                 if _is_stop_exception(exc):
                     print(f"Optimization stopped from callback: {getattr(exc, 'message', exc)}")
@@ -578,7 +628,8 @@ class _FalkonFace(BaseEstimator):
             name = "error"
             if isinstance(err, tuple) and len(err) == 2:
                 err, name = err
-            print(f"Iteration {epoch:3d} - Elapsed {elapsed:.2f}s - {which} {name}: {err}", flush=True)
+            if prep["shards"].rank == 0:
+                print(f"Iteration {epoch:3d} - Elapsed {elapsed:.2f}s - {which} {name}: {err}", flush=True)
             self.val_errors_.append(err)
             spent[0] += time.perf_counter() - t0
             return False
@@ -610,7 +661,7 @@ def _train(X, Y, loss: Loss, c: torch.Tensor, prep: dict, opts: SolverOptions, a
     return fit_dual(X, Y, loss=loss, c=c.to(dtype), kernel=prep["kernel"], feature_map=prep["feature_map"],
                     options=opts, dtype=dtype, device=device, alpha0=None if resume is not None else alpha0,
                     callback=callback, chunk_rows=prep["chunk_rows"], backend=prep["opt"]["backend"], resume=resume,
-                    solver=engine)
+                    solver=engine, distributed=prep["shards"])
 
 
 # ============================================================================ JokerFalkon
@@ -649,6 +700,14 @@ class JokerFalkon(_FalkonFace):
         ``numpy.random.default_rng(seed)``, the draw Falkon's UniformSelector makes for the same seed (so
         a model and its Falkon twin with the same seed share centres); a Falkon ``FixedSelector`` or a
         tensor fixes them.
+    distributed : bool, default False (keyword only)
+        True: every process of an initialised ``torch.distributed`` group (e.g. under ``torchrun``) calls
+        ``fit`` with its own shard of the rows (``X``, ``Y``; ``Xts``, ``Yts`` too); the shards are fitted
+        together with the feature Newton engine (every sum over rows all-reduced, :mod:`joker_ext.distributed`)
+        and every rank ends with the same ``alpha_``. ``C = 1 / (n penalty)`` with ``n`` the rows of all
+        ranks; 'uniform' centres are drawn over all rows (those of one process for the same seed);
+        ``error_fn`` sees the predictions of every rank's ``Xts`` together and rank 0 prints; ``weight_fn``
+        gets global row indices; ``beta_`` holds the rank's own rows. Not with ``features='exact'``.
     solver : str, default 'auto' (keyword only)
         The engine (:mod:`joker_ext.engines`). 'auto' takes the Newton engine for smooth losses (squared,
         logistic, Huber, squared hinge): then ``maxiter`` counts Newton iterations, Falkon's own outer
@@ -767,8 +826,9 @@ class JokerFalkon(_FalkonFace):
     def __init__(self, kernel, penalty, M, center_selection="uniform", maxiter=20, seed=None, error_fn=None,
                  error_every=1, weight_fn=None, options=None, *, loss="squared", features="auto", epochs_per_iter=2,
                  block_size=None, tol=None, max_time=None, epsilon=0.1, delta=1.0, quantile=0.5, device=None,
-                 dtype=None, solver="auto"):
+                 dtype=None, solver="auto", distributed=False):
         self.solver = solver
+        self.distributed = distributed
         self.kernel = kernel
         self.penalty = penalty
         self.M = M
@@ -812,6 +872,7 @@ class JokerFalkon(_FalkonFace):
         """
         t_start = time.perf_counter()
         common = self._check_common()
+        shards = self._row_shards(X)
         penalty = check_positive("penalty", self.penalty)
         M, per_iter, error_every = common["M"], common["per_iter"], common["error_every"]
         epochs = check_positive_int("maxiter", self.maxiter) * per_iter
@@ -837,10 +898,12 @@ class JokerFalkon(_FalkonFace):
                 )
         if M is None and isinstance(self.center_selection, str) and self.features != "exact":
             raise ValueError("M must be a positive integer, got None")
-        prep = self._prepare(X, M, loss, T, warm=warm_start is not None)
-        C = penalty_to_C(penalty, n)
+        prep = self._prepare(X, M, loss, T, warm=warm_start is not None, shards=shards)
+        n_all = shards.n_total if shards.distributed else n
+        C = penalty_to_C(penalty, n_all)
+        rows = torch.arange(shards.offset, shards.offset + n, device=X.device)  # global row indices
         w = torch.ones(n, dtype=torch.float64) if self.weight_fn is None else \
-            check_sample_weights(self.weight_fn(Y, X, torch.arange(n, device=X.device)), n, "weight_fn output")
+            check_sample_weights(self.weight_fn(Y, X, rows), n, "weight_fn output")
         keep = w > 0
         Xf, Yf, wf, Yu = X, Y, w, Y_user
         if not bool(keep.all()):  # zero weight: alpha_i = 0 at the optimum; leave those rows out of the fit
@@ -850,8 +913,8 @@ class JokerFalkon(_FalkonFace):
                 alpha0 = alpha0[kd.to(alpha0.device)]
         c = C * wf
         check_dtype_range("C = 1 / (n * penalty) times the sample weights", c, prep["dtype"],
-                          scale=Xf.shape[0] * max(1.0, float(Yf.abs().max())),
-                          hint=f" (penalty={penalty!r}, n={n}): change penalty or use dtype='float64'")
+                          scale=n_all * max(1.0, float(Yf.abs().max())),
+                          hint=f" (penalty={penalty!r}, n={n_all}): change penalty or use dtype='float64'")
         self.fit_times_ = [time.perf_counter() - t_start]
         self.val_errors_ = []
         nf = Xf.shape[0]
@@ -928,6 +991,8 @@ class JokerLogisticFalkon(_FalkonFace):
         The engine of every stage (:func:`joker_ext.engines.resolve_solver`): 'auto' takes 'newton' for
         smooth losses (logistic, squared hinge) and 'dbcd_tr' for losses with kinks; ``solver_`` holds
         the engine used.
+    distributed : bool, default False (keyword only)
+        As :class:`JokerFalkon`: rows sharded over the processes of a ``torch.distributed`` group.
     features, block_size, tol, max_time, device, dtype
         As :class:`JokerFalkon`.
 
@@ -939,8 +1004,9 @@ class JokerLogisticFalkon(_FalkonFace):
 
     def __init__(self, kernel, penalty_list, iter_list, loss, M, center_selection="uniform", seed=None,
                  error_fn=None, error_every=1, options=None, *, features="auto", epochs_per_iter=1, block_size=None,
-                 tol=None, max_time=None, device=None, dtype=None, solver="auto"):
+                 tol=None, max_time=None, device=None, dtype=None, solver="auto", distributed=False):
         self.solver = solver
+        self.distributed = distributed
         self.kernel = kernel
         self.penalty_list = penalty_list
         self.iter_list = iter_list
@@ -979,6 +1045,7 @@ class JokerLogisticFalkon(_FalkonFace):
         WeightedCrossEntropyLoss); ``Xts`` / ``Yts`` only feed ``error_fn``."""
         t_start = time.perf_counter()
         common = self._check_common()
+        shards = self._row_shards(X)
         pens, its = self._path()
         M, per_iter, error_every = common["M"], common["per_iter"], common["error_every"]
         loss, labels, neg_weight = translate_loss(self.loss)
@@ -990,8 +1057,8 @@ class JokerLogisticFalkon(_FalkonFace):
         check_magnitude(Y, "Y", dtype=common["dtype"], d=1)
         Xts, Yts = _check_eval_set(Xts, Yts, X.shape[1], X.dtype)
         Yfit, w = self._labels(Y, labels, neg_weight, loss, "Y")
-        n = X.shape[0]
-        prep = self._prepare(X, M, loss, 1)
+        prep = self._prepare(X, M, loss, 1, shards=shards)
+        n = shards.n_total if shards.distributed else X.shape[0]  # C = 1 / (n penalty) over all rows
         for k, pen in enumerate(pens):
             check_dtype_range(f"C = 1 / (n * penalty_list[{k}]) times the sample weights", penalty_to_C(pen, n) * w,
                               prep["dtype"], scale=n * max(1.0, float(Yfit.abs().max())),
@@ -999,7 +1066,7 @@ class JokerLogisticFalkon(_FalkonFace):
         self.fit_times_ = [0.0]
         self.val_errors_ = []
         t_prep = time.perf_counter() - t_start
-        nb = math.ceil(n / prep["block_size"])
+        nb = math.ceil(X.shape[0] / prep["block_size"])
         user_loss = self.loss
         loss_fn = None
         if callable(user_loss) and not isinstance(user_loss, (str, Loss)):
@@ -1031,7 +1098,7 @@ class JokerLogisticFalkon(_FalkonFace):
             check_fit_finite(f"penalty_list[{k}]", pen, model.alpha, model.beta, _evaluated_primal(model))
             elapsed[0] = time.perf_counter() - t_start
             if self.error_fn is not None and error_every is not None and k % error_every == 0:
-                self._report_stage(k, model, X, Y, Xts, Yts, loss_fn, elapsed[0])
+                self._report_stage(k, model, X, Y, Xts, Yts, loss_fn, elapsed[0], prep["shards"])
             else:
                 self.fit_times_.append(elapsed[0])
         self._set_fitted(model, prep, X)
@@ -1053,16 +1120,18 @@ class JokerLogisticFalkon(_FalkonFace):
             Y = check_labels(Y, name, context=f"loss {loss.name!r}", allowed=("pm1",))
         return Y, w
 
-    def _report_stage(self, k, model, X, Y, Xts, Yts, loss_fn, elapsed) -> None:
+    def _report_stage(self, k, model, X, Y, Xts, Yts, loss_fn, elapsed, shards: SingleProcess) -> None:
         Xe, Ye = (Xts, Yts) if Xts is not None else (X, Y)
         which = "validation" if Xts is not None else "training"
         pred = model.decision(Xe.to(device=model.alpha.device)).to(device=Ye.device, dtype=Ye.dtype)
+        Ye, pred = _gathered(shards, Ye, pred)  # the error of every rank's rows together
         err = self.error_fn(Ye, pred)
         name = "error"
         if isinstance(err, tuple) and len(err) == 2:
             err, name = err
         self.fit_times_.append(elapsed)
         lv = loss_fn(Ye, pred)
-        print(f"Iteration {k:3d} - Elapsed {elapsed:.2f}s - {which} loss {lv:.4f} - {which} {name} {err:.4f}",
-              flush=True)
+        if shards.rank == 0:
+            print(f"Iteration {k:3d} - Elapsed {elapsed:.2f}s - {which} loss {lv:.4f} - {which} {name} {err:.4f}",
+                  flush=True)
         self.val_errors_.append(err)

@@ -73,6 +73,12 @@ class SingleProcess:
     def gather_objects(self, obj) -> list:
         return [obj]
 
+    def sample_rows(self, X, max_rows: int, seed: int = 0):
+        """At most ``max_rows`` rows of the data set (numpy ``X``: this rank's shard), the same on every rank:
+        in one process ``X`` itself; over ``p`` ranks a seeded draw of ``ceil(max_rows / p)`` rows from each
+        shard, stacked in rank order (for data-driven choices such as the median bandwidth)."""
+        return X
+
 
 class RowShards(SingleProcess):
     """The processes of an initialised ``torch.distributed`` group, each holding a shard of the rows.
@@ -161,6 +167,16 @@ class RowShards(SingleProcess):
         out = [None] * self.world_size
         torch.distributed.all_gather_object(out, obj, group=self.group)
         return out
+
+    def sample_rows(self, X, max_rows: int, seed: int = 0):
+        import numpy as np
+
+        per_rank = -(-int(max_rows) // self.world_size)
+        n = X.shape[0]
+        if n > per_rank:
+            pick = np.sort(np.random.RandomState(seed + self.rank).choice(n, per_rank, replace=False))
+            X = X[pick]
+        return np.concatenate(self.gather_objects(np.ascontiguousarray(X)), axis=0)
 
     # ---------------------------------------------------------------- shards
     def plan(self, n_local: int, d: int) -> int:

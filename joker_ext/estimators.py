@@ -35,6 +35,7 @@ from sklearn.utils.validation import _check_sample_weight, check_is_fitted, vali
 from .checkpoint import register_estimator
 from .conversions import gamma_to_sigma
 from .data import BlockData, resolve_device, resolve_dtype
+from .distributed import SingleProcess, row_shards
 from .features import ConcatFeatureMap, FeatureMap, make_feature_map
 from .kernels import Kernel, StationaryKernel, SumKernel, as_kernel, make_kernel, median_heuristic
 from .losses import Loss, get_loss
@@ -168,13 +169,14 @@ class _ConstantFeature(FeatureMap):
         return torch.full((X.shape[0], 1), math.sqrt(self.rho), dtype=X.dtype, device=X.device)
 
 
-def _feasible_dual(alpha: torch.Tensor) -> torch.Tensor:
+def _feasible_dual(alpha: torch.Tensor, shards: Optional[SingleProcess] = None) -> torch.Tensor:
     """Shrink the side (positive or negative entries) carrying the excess so that every column of
     ``alpha`` sums to zero. Every loss box contains 0 and is an interval, so shrinking towards 0 stays
-    inside it; the result is feasible for the dual of the problem with an intercept."""
+    inside it; the result is feasible for the dual of the problem with an intercept. (``shards``: the
+    sums run over the rows of every process.)"""
     pos = alpha.clamp_min(0)
     neg = (-alpha).clamp_min(0)
-    P, N = pos.sum(0), neg.sum(0)
+    P, N = (shards or SingleProcess()).sum_many(pos.sum(0), neg.sum(0))
     tiny = torch.finfo(alpha.dtype).tiny
     scale_pos = torch.where(P > N, N / P.clamp_min(tiny), torch.ones_like(P))
     scale_neg = torch.where(N > P, P / N.clamp_min(tiny), torch.ones_like(N))
@@ -281,6 +283,7 @@ class _JokerBase(BaseEstimator):
         "max_memory": [Interval(numbers.Real, 0, None, closed="neither"), str, None],
         "checkpoint": [str, os.PathLike, None],
         "checkpoint_every": [Interval(numbers.Integral, 1, None, closed="left")],
+        "distributed": ["boolean"],
     }
 
     _allowed_losses: tuple = ()
@@ -317,7 +320,19 @@ class _JokerBase(BaseEstimator):
                 f"own bandwidth, got gamma={self.gamma!r} with kernel={type(self.kernel).__name__}"
             )
 
-    def _effective_sigma(self, X: np.ndarray):
+    def _row_shards(self, X) -> SingleProcess:
+        """The processes the rows are spread over (``distributed=True``), with the shards checked against
+        each other before any per-rank validation can fail on one rank alone; a single process otherwise."""
+        shards = row_shards(bool(self.distributed))
+        if shards.distributed:
+            shape = np.shape(X)
+            shards.plan(shape[0] if len(shape) else 0, shape[1] if len(shape) == 2 else -1)
+            if getattr(self, "probability", False):
+                raise ValueError("probability=True cross-fits a calibration on one process; it cannot be used "
+                                 "with distributed=True, got both")
+        return shards
+
+    def _effective_sigma(self, X: np.ndarray, shards: Optional[SingleProcess] = None):
         if self.gamma is not None:
             fam = self.kernel if isinstance(self.kernel, str) else "gaussian"
             if fam not in ("gaussian", "laplacian_l1"):
@@ -326,6 +341,8 @@ class _JokerBase(BaseEstimator):
                 )
             return gamma_to_sigma(self.gamma, fam)
         if isinstance(self.sigma, str) or self.sigma is None:
+            if shards is not None and shards.distributed:
+                X = shards.sample_rows(X, 1000)  # the same rows on every rank
             if X.shape[0] < 2:
                 return 1.0
             uniq = np.unique(X, axis=0) if X.shape[0] <= 20000 else X
@@ -341,7 +358,7 @@ class _JokerBase(BaseEstimator):
             raise ValueError(f"sigma must be positive and finite, got {self.sigma!r}")
         return float(sigma) if sigma.ndim == 0 else sigma
 
-    def _build_kernel(self, X: np.ndarray) -> Kernel:
+    def _build_kernel(self, X: np.ndarray, shards: Optional[SingleProcess] = None) -> Kernel:
         if isinstance(self.kernel, str):
             if self.kernel not in ("gaussian", "laplacian", "laplacian_l1", "matern"):
                 raise ValueError(
@@ -349,7 +366,7 @@ class _JokerBase(BaseEstimator):
                     f"got {self.kernel!r} (scikit-learn's 'rbf' is 'gaussian' with gamma = 1/(2 sigma^2), its "
                     "'laplacian' is 'laplacian_l1'; joker_ext.adapters.sklearn.pairwise_kernel translates the others)"
                 )
-            sigma = self._effective_sigma(X)
+            sigma = self._effective_sigma(X, shards)
             return make_kernel(self.kernel, sigma, nu=self.nu if self.kernel == "matern" else None)
         return as_kernel(self.kernel)  # other libraries' kernel objects: joker_ext.adapters translates them
 
@@ -362,7 +379,8 @@ class _JokerBase(BaseEstimator):
         """The engine ``solver`` stands for on ``n`` rows (see :func:`joker_ext.engines.resolve_solver`)."""
         mode = "exact" if self.n_features is None else "features"
         budget = None if self.max_memory is None else parse_memory(self.max_memory)
-        return resolve_solver(self.solver, mode, n, torch.finfo(resolve_dtype(self.dtype)).bits // 8, loss, budget)
+        return resolve_solver(self.solver, mode, n, torch.finfo(resolve_dtype(self.dtype)).bits // 8, loss, budget,
+                              distributed=bool(self.distributed))
 
     def _solver_options(self, n: int, loss: Loss) -> SolverOptions:
         b = self.block_size or default_block_size(n, loss)
@@ -402,20 +420,22 @@ class _JokerBase(BaseEstimator):
         b = np.atleast_1d(np.asarray(b, dtype=np.float64))
         return b if b.shape == (n_targets,) else None
 
-    def _fit_targets(self, X, Y: np.ndarray, sample_weight, loss: Loss):
-        """Common part of ``fit`` once targets are an (n, T) float array."""
+    def _fit_targets(self, X, Y: np.ndarray, sample_weight, loss: Loss, shards: SingleProcess):
+        """Common part of ``fit`` once targets are an (n, T) float array (this rank's rows of them)."""
         self._check_bandwidth_params()
         self.dtype_ = resolve_dtype(self.dtype)
         self.device_ = resolve_device(self.device)
         n = X.shape[0]
         w = np.ones(n) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
-        if np.any(w < 0):
+        if shards.any(np.any(w < 0)):
             raise ValueError("sample_weight must be non-negative, got negative weights")
         keep = w > 0
-        if not np.any(keep):
+        if not shards.distributed and not np.any(keep):
             raise ValueError("sample_weight must have at least one positive weight, got all zeros")
         Xk, Yk, wk = (X, Y, w) if keep.all() else (X[keep], Y[keep], w[keep])
-        self.kernel_ = self._build_kernel(Xk)
+        # rows over all ranks (an empty shard, e.g. all its weights zero, is an error on every rank)
+        n_all = shards.plan(Xk.shape[0], Xk.shape[1]) if shards.distributed else Xk.shape[0]
+        self.kernel_ = self._build_kernel(Xk, shards)
         if isinstance(self.kernel_, StationaryKernel):
             s = self.kernel_.sigma
             self.sigma_ = float(s) if s.dim() == 0 or s.numel() == 1 else s.numpy().copy()
@@ -435,26 +455,30 @@ class _JokerBase(BaseEstimator):
                                                  orthogonal=self.features == "orf", seed=self._seed())
         self.loss_ = loss
         c = torch.as_tensor(self.C * wk, dtype=torch.float64)
-        self.solver_ = self._engine(Xk.shape[0], loss)
-        opts = self._solver_options(Xk.shape[0], loss)
+        self.solver_ = self._engine(n_all, loss)
+        opts = self._solver_options(n_all, loss)
         fingerprint = _fingerprint(Xk, Yk, wk)
         alpha0, b0 = self._warm_start_point(fingerprint, Yk.shape[1])
+        if shards.any(alpha0 is None):  # a warm start only when every rank has one
+            alpha0, b0 = None, None
         Xt = torch.from_numpy(np.array(Xk, copy=True, order="C"))
         data = BlockData(Xt, self.dtype_, self.device_)
         Yt = torch.as_tensor(Yk)
         mode = "exact" if self.feature_map_ is None else "features"
         in_engine = self.fit_intercept and supports_intercept(self.solver_, mode)  # the engine fits b itself
         if self.fit_intercept and not in_engine:
-            model, intercept, res, n_iter, rounds = self._fit_with_intercept(data, Yt, loss, c, opts, alpha0, b0)
+            model, intercept, res, n_iter, rounds = self._fit_with_intercept(data, Yt, loss, c, opts, alpha0, b0,
+                                                                             shards)
         else:
             checkpoint = None if self.fit_intercept else self.checkpoint  # documented: not with an intercept
             resume = None
-            if checkpoint is not None and os.path.isfile(checkpoint) and alpha0 is None:
+            if checkpoint is not None and not shards.any(not os.path.isfile(checkpoint)) and alpha0 is None:
                 resume = checkpoint  # continue an interrupted fit of the same data bitwise
             model = fit_dual(data, Yt, loss=loss, c=c, kernel=self.kernel_, feature_map=self.feature_map_,
                              options=opts, dtype=self.dtype_, device=self.device_, alpha0=alpha0,
                              max_memory=self.max_memory, resume=resume, checkpoint_path=checkpoint,
-                             checkpoint_every=self.checkpoint_every, solver=self.solver_, intercept=in_engine)
+                             checkpoint_every=self.checkpoint_every, solver=self.solver_, intercept=in_engine,
+                             distributed=shards)
             res = model.result
             n_iter, rounds = res.n_iter, int(in_engine)
             intercept = res.state["intercept"].double().cpu().numpy() if in_engine else np.zeros(Yk.shape[1])
@@ -483,7 +507,7 @@ class _JokerBase(BaseEstimator):
 
     # ------------------------------------------------------------------ intercept
     def _fit_with_intercept(self, data: BlockData, Y: torch.Tensor, loss: Loss, c: torch.Tensor,
-                            opts: SolverOptions, alpha0, b0):
+                            opts: SolverOptions, alpha0, b0, shards: SingleProcess):
         """Fit ``f(x) = sum_i alpha_i k(x_i, x) + b`` with an unregularized ``b`` per target.
 
         The dual gains the constraint ``sum_i alpha_i = 0``, whose multiplier is ``b``. For a given ``b``
@@ -493,7 +517,8 @@ class _JokerBase(BaseEstimator):
         problem has intercept ``b + rho s(b)``. A safeguarded root search (:class:`_RootSearch`) drives
         ``s(b)`` to zero, each solve warm-started from the last. The stopping test is the relative
         duality gap of the joint problem: primal ``P(f, b_eff)`` against the dual at ``alpha`` made
-        feasible by :func:`_feasible_dual`.
+        feasible by :func:`_feasible_dual`. With rows spread over processes every sum over rows is
+        all-reduced (``shards``), so each rank takes the same steps.
         """
         T = Y.shape[1]
         dtype, device = self.dtype_, self.device_
@@ -503,6 +528,7 @@ class _JokerBase(BaseEstimator):
         rho = float(self.kernel_.diag(probe).mean()) if data.n else 1.0
         if not math.isfinite(rho) or rho <= 0:
             rho = 1.0
+        rho = float(shards.broadcast_(torch.tensor([rho], dtype=torch.float64)))  # rank 0's, on every rank
         if self.feature_map_ is None:
             kern, fmap = SumKernel([self.kernel_, _ConstantKernel(rho)]), None
             base_op = ExactOperator(self.kernel_, data)
@@ -532,12 +558,13 @@ class _JokerBase(BaseEstimator):
                                         max_time=None if opts.max_time is None else max(1e-3, opts.max_time - elapsed))
             model = fit_dual(data, Y, loss=_OffsetLoss(loss, b), c=c, kernel=kern, feature_map=fmap, options=inner,
                              dtype=dtype, device=device, alpha0=alpha, max_memory=self.max_memory,
-                             solver=self.solver_)
+                             solver=self.solver_, distributed=shards)
             res = model.result
             total += res.n_iter
             rounds += 1
             alpha = model.alpha
-            s = alpha.sum(0).double().cpu().numpy()
+            (s,) = shards.sum_many(alpha.sum(0))
+            s = s.double().cpu().numpy()
             b_eff = search.b + rho * s
             # Joint duality gap (base kernel, intercept b_eff).
             if fmap is None:
@@ -546,18 +573,19 @@ class _JokerBase(BaseEstimator):
             else:
                 beta = res.state["beta"][:-1]
                 F = base_op.predictions({"beta": beta}, alpha)
-            quad = (alpha * F).sum(0)
             beff_t = torch.as_tensor(b_eff, dtype=dtype, device=device)
-            primal = 0.5 * quad + (cd * loss.value(Yd, F + beff_t)).sum(0)
-            alpha_f = _feasible_dual(alpha)
+            quad, loss_terms = shards.sum_many((alpha * F).sum(0), (cd * loss.value(Yd, F + beff_t)).sum(0))
+            primal = 0.5 * quad + loss_terms
+            alpha_f = _feasible_dual(alpha, shards)
             delta = alpha_f - alpha
             if fmap is None:
                 Ff = F + base_op.init_state(delta)["f"]
                 quad_f = (alpha_f * Ff).sum(0)
             else:
-                beta_f = base_op.init_state(alpha_f)["beta"]
+                beta_f = shards.sum_(base_op.init_state(alpha_f)["beta"])
                 quad_f = (beta_f * beta_f).sum(0)
-            dual = 0.5 * quad_f + loss.conj(alpha_f, Yd, cd).sum(0)
+            (conj_terms,) = shards.sum_many(loss.conj(alpha_f, Yd, cd).sum(0))
+            dual = 0.5 * quad_f + conj_terms
             P, D = float(primal.sum()), float(dual.sum())
             gap = P + D
             rel = gap / max(abs(P), abs(D), torch.finfo(dtype).tiny)
@@ -572,7 +600,8 @@ class _JokerBase(BaseEstimator):
                 break
             inner_tol = max(tol_eff, min(inner_tol, 1e-2 * rel))
             # s at the rounding level of a sum of the alphas: the search cannot resolve b any better.
-            stagnant = bool(np.all(np.abs(s) <= 16 * eps * alpha.abs().sum(0).double().cpu().numpy()))
+            (abs_sum,) = shards.sum_many(alpha.abs().sum(0))
+            stagnant = bool(np.all(np.abs(s) <= 16 * eps * abs_sum.double().cpu().numpy()))
             out_of_time = opts.max_time is not None and time.perf_counter() - t0 >= opts.max_time
             if stagnant:
                 status = "converged" if rel <= max(tol_eff, 1e-10) else "stalled"
@@ -756,6 +785,14 @@ _COMMON_PARAMS_DOC = """
         the fit resumes from it and ends bitwise where the uninterrupted fit would have (CPU, same seed).
         Not used with ``fit_intercept=True``.
     checkpoint_every : int, default 100
+    distributed : bool, default False
+        True: ``fit`` is called by every process of an initialised ``torch.distributed`` process group
+        (e.g. launched by ``torchrun``), each with its own shard of the rows (and of ``y`` and
+        ``sample_weight``); the fit runs on all shards together and every rank ends with the same model
+        (``coef_``, ``intercept_``, ``classes_``; ``dual_coef_`` and ``X_fit_`` hold the rank's own rows).
+        Random features only (``n_features`` set), with the feature Newton engine
+        (:mod:`joker_ext.distributed`); ``sigma='median'`` is taken on a sample drawn from every shard;
+        only rank 0 writes the checkpoint. Not with ``probability=True``.
 """
 
 _COMMON_ATTRS_DOC = """
@@ -790,8 +827,9 @@ class JokerRegressor(RegressorMixin, _JokerBase):
                  n_features=None, features="cossin", block_size=None, max_iter=None, tol=None, epsilon=0.1,
                  delta=1.0, quantile=0.5, device="cpu", dtype="float64", random_state=None, verbose=False,
                  warm_start=False, max_time=None, fit_intercept=False, max_memory=None, checkpoint=None,
-                 checkpoint_every=100, solver="auto"):
+                 checkpoint_every=100, solver="auto", distributed=False):
         self.solver = solver
+        self.distributed = distributed
         self.loss = loss
         self.C = C
         self.kernel = kernel
@@ -827,12 +865,14 @@ class JokerRegressor(RegressorMixin, _JokerBase):
         loss = self._loss_object()
         if loss.margin:
             raise ValueError(f"loss {loss.name!r} is a classification loss; use JokerClassifier")
-        X, y = validate_data(self, _to_numpy(X), _to_numpy(y), multi_output=True, y_numeric=True,
+        X = _to_numpy(X)
+        shards = self._row_shards(X)
+        X, y = validate_data(self, X, _to_numpy(y), multi_output=True, y_numeric=True,
                              dtype=[np.float64, np.float32])
         sample_weight = _check_sample_weight(sample_weight, X, dtype=np.float64)
         self._y_1d = y.ndim == 1
         Y = y.reshape(-1, 1) if y.ndim == 1 else y
-        return self._fit_targets(X, Y.astype(np.float64), sample_weight, loss)
+        return self._fit_targets(X, Y.astype(np.float64), sample_weight, loss, shards)
 
     def predict(self, X) -> np.ndarray:
         """``f(X)``, shape (n,) or (n, n_outputs)."""
@@ -862,8 +902,9 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
                  n_features=None, features="cossin", block_size=None, max_iter=None, tol=None, epsilon=0.1,
                  delta=1.0, quantile=0.5, device="cpu", dtype="float64", random_state=None, verbose=False,
                  warm_start=False, max_time=None, class_weight=None, probability=False, fit_intercept=False,
-                 max_memory=None, checkpoint=None, checkpoint_every=100, solver="auto"):
+                 max_memory=None, checkpoint=None, checkpoint_every=100, solver="auto", distributed=False):
         self.solver = solver
+        self.distributed = distributed
         self.loss = loss
         self.C = C
         self.kernel = kernel
@@ -898,32 +939,38 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
         """
         self._validate_params()
         loss = self._loss_object()
-        X, y = validate_data(self, _to_numpy(X), _to_numpy(y), dtype=[np.float64, np.float32])
+        X = _to_numpy(X)
+        shards = self._row_shards(X)
+        X, y = validate_data(self, X, _to_numpy(y), dtype=[np.float64, np.float32])
         check_classification_targets(y)
         self.classes_, y_idx = np.unique(y, return_inverse=True)
+        if shards.distributed:  # the labels of every shard
+            self.classes_ = np.unique(np.concatenate(shards.gather_objects(self.classes_)))
+            y_idx = np.searchsorted(self.classes_, y)
         k = len(self.classes_)
         if k < 2:
             raise ValueError(
                 f"y must contain at least 2 classes for JokerClassifier, got 1 class: {self.classes_[0]!r}"
             )
         sample_weight = _check_sample_weight(sample_weight, X, dtype=np.float64)
-        sample_weight = sample_weight * self._class_weights(y_idx, k)[y_idx]
+        sample_weight = sample_weight * self._class_weights(y_idx, k, shards)[y_idx]
         if k == 2:
             Y = np.where(y_idx == 1, 1.0, -1.0).reshape(-1, 1)
         else:
             Y = np.where(y_idx[:, None] == np.arange(k)[None, :], 1.0, -1.0)
-        self._fit_targets(X, Y, sample_weight, loss)
+        self._fit_targets(X, Y, sample_weight, loss, shards)
         self.calibration_scale_ = None
         if self.probability and loss.name != "logistic":
             self._fit_calibration(X, y_idx, sample_weight)
         return self
 
-    def _class_weights(self, y_idx: np.ndarray, k: int) -> np.ndarray:
+    def _class_weights(self, y_idx: np.ndarray, k: int, shards: SingleProcess) -> np.ndarray:
         if self.class_weight is None:
             return np.ones(k)
         if isinstance(self.class_weight, str):  # 'balanced', as sklearn.utils.compute_class_weight
-            counts = np.bincount(y_idx, minlength=k).astype(np.float64)
-            return len(y_idx) / (k * counts)
+            (counts,) = shards.sum_many(torch.from_numpy(np.bincount(y_idx, minlength=k).astype(np.float64)))
+            counts = counts.numpy()
+            return counts.sum() / (k * counts)
         cw = np.ones(k)
         for label, weight in self.class_weight.items():
             hits = np.nonzero(self.classes_ == label)[0]
