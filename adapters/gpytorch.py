@@ -363,6 +363,36 @@ class _GPyTorchEvaluator:
         new.module, new.via_call, new._copies = self.module, self.via_call, {}
         return new
 
+    def __getstate__(self):
+        # the per-(dtype, device) copies are a cache (possibly on a device the unpickling machine lacks)
+        return {"module": self.module, "via_call": self.via_call, "_copies": {}}
+
+
+class _ConstantMeanFn:
+    """``X -> m(X)`` of a constant mean (module level, so that a fitted JokerGP pickles)."""
+
+    def __init__(self, value: float):
+        self.value = value
+
+    def __call__(self, X: torch.Tensor) -> torch.Tensor:
+        return torch.full((X.shape[0],), self.value, dtype=X.dtype, device=X.device)
+
+
+class _ModuleMeanFn:
+    """``X -> m(X)`` from a snapshot of a GPyTorch mean module (module level, so that a fitted JokerGP pickles)."""
+
+    def __init__(self, evaluator: "_GPyTorchEvaluator"):
+        self.evaluator = evaluator
+
+    def __call__(self, X: torch.Tensor) -> torch.Tensor:
+        mod = self.evaluator._get(X.dtype, X.device)
+        with torch.no_grad():
+            out = mod(X)
+        out = out.reshape(-1) if out.dim() > 1 and out.shape[-1] == X.shape[0] else out
+        if out.shape != (X.shape[0],):
+            raise ValueError(f"mean_module returned shape {tuple(out.shape)} for {X.shape[0]} points")
+        return out.to(X.dtype)
+
 
 class _ScaledCallable:
     def __init__(self, inner: Callable, scale: float):
@@ -712,19 +742,8 @@ class JokerGP(torch.nn.Module):
             value = float(const)
             if value == 0.0:
                 return None
-            return lambda X: torch.full((X.shape[0],), value, dtype=X.dtype, device=X.device)
-        ev = _GPyTorchEvaluator(mm)  # snapshot; evaluated per dtype / device
-
-        def mean_fn(X):
-            mod = ev._get(X.dtype, X.device)
-            with torch.no_grad():
-                out = mod(X)
-            out = out.reshape(-1) if out.dim() > 1 and out.shape[-1] == X.shape[0] else out
-            if out.shape != (X.shape[0],):
-                raise ValueError(f"mean_module returned shape {tuple(out.shape)} for {X.shape[0]} points")
-            return out.to(X.dtype)
-
-        return mean_fn
+            return _ConstantMeanFn(value)
+        return _ModuleMeanFn(_GPyTorchEvaluator(mm))  # snapshot; evaluated per dtype / device
 
     def _resolve_data(self, train_x, train_y):
         """Returns (X source for BlockData or tensor, y tensor (n,), n, d)."""

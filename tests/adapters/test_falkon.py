@@ -782,3 +782,18 @@ def test_bad_inputs(fk, fopt):
         JokerLogisticFalkon(kern, [1e-3], [3], loss, 10, solver="lbfgs").fit(X, Ypm)
     with pytest.raises(ValueError, match="solver"):
         JokerFalkon(k, 1e-3, 10, solver="lbfgs").fit(X, Y)
+
+
+@pytest.mark.parametrize("kernel, features", [("gaussian", "exact"), ("gaussian", "nystrom"), ("gaussian", "cossin"),
+                                               ("linear", "exact"), ("linear", "nystrom")])
+def test_fitted_jokerfalkon_pickles(fk, fopt, kernel, features):
+    """issue #15: JokerFalkon with a Falkon kernel (spectral or evaluated by Falkon itself) predicts identically
+    after pickle, in every feature mode the kernel supports."""
+    import pickle
+
+    k = fk.kernels.GaussianKernel(1.2, opt=fopt) if kernel == "gaussian" else fk.kernels.LinearKernel(opt=fopt)
+    X, Y = _toy(120)
+    est = JokerFalkon(k, 1e-3, 40, features=features, maxiter=5, seed=3, options=fopt).fit(X, Y)
+    Xt = X[:20] + 0.1
+    back = pickle.loads(pickle.dumps(est))
+    assert torch.equal(back.predict(Xt), est.predict(Xt))

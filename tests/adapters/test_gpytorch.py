@@ -536,3 +536,33 @@ def test_nn_module_behaviour_state_dict_and_dtype():
         assert p32.dtype == torch.float32
         torch.testing.assert_close(p32.double(), pred, rtol=1e-4, atol=1e-4)
         jgp.to("cpu")
+
+
+@pytest.mark.parametrize("n_features", [None, 128], ids=["exact", "rff"])
+@pytest.mark.parametrize("mean", ["zero", "constant", "linear"])
+def test_fitted_jokergp_round_trips_through_pickle_and_state_dict(n_features, mean):
+    """issue #15: a fitted JokerGP (GPyTorch ScaleKernel, any mean module) predicts identically after pickle
+    (its mean snapshot was a local closure) and after torch.save / torch.load(weights_only=True) of its state_dict."""
+    import io
+    import pickle
+
+    X, y, Xt = _data(n=90)
+
+    def modules():
+        means = {"zero": None, "constant": _const_mean(0.4), "linear": gpytorch.means.LinearMean(D).double()}
+        m = means[mean]
+        if mean == "linear":
+            with torch.no_grad():
+                m.weights.copy_(torch.tensor([[0.3], [-0.2], [0.1]], dtype=torch.float64))
+        return _scale_matern_ard(), _gaussian_lik(0.05), m
+
+    jgp = JokerGP(*modules(), n_features=n_features, max_iter=40).fit(X, y)
+    ref = jgp.predict(Xt)
+    back = pickle.loads(pickle.dumps(jgp))
+    assert torch.equal(back.predict(Xt), ref)
+    buf = io.BytesIO()
+    torch.save(jgp.state_dict(), buf)
+    buf.seek(0)
+    fresh = JokerGP(*modules(), n_features=n_features, max_iter=40)
+    fresh.load_state_dict(torch.load(buf, weights_only=True))
+    assert torch.equal(fresh.predict(Xt), ref)
