@@ -94,6 +94,12 @@ def _gpytorch_rq_active_dims():
     return gk.AdditiveKernel(gk.RQKernel(active_dims=[0, 2]), gk.MaternKernel(nu=1.5, active_dims=[1]))
 
 
+def _pairwise(metric, **params):
+    from joker_ext.adapters.sklearn import pairwise_kernel
+
+    return pairwise_kernel(metric, **params)
+
+
 def _falkon_kernel():
     return pytest.importorskip("falkon").kernels.GaussianKernel(1.3)
 
@@ -103,6 +109,7 @@ _KERNEL_CASES = {
     "gpytorch-scale(rbf)-exact": (_gpytorch_kernel, None),
     "gpytorch-scale(rbf)-rff": (_gpytorch_kernel, 64),
     "gpytorch-rq+matern-active-dims": (_gpytorch_rq_active_dims, None),
+    "sk-pairwise-poly": (lambda: _pairwise("poly", degree=2, gamma=0.5, coef0=1.0), None),
     "falkon-gaussian-exact": (_falkon_kernel, None),
     "falkon-gaussian-rff": (_falkon_kernel, 64),
 }
@@ -170,3 +177,35 @@ def test_kernels_that_are_code_are_refused_at_save(tmp_path):
 
 def _linear(A, B):
     return A @ B.T
+
+
+def test_scikit_learn_kernel_descriptions_rebuild_equal_objects():
+    """kernel_spec is plain data (JSON) and kernel_from_spec rebuilds an equal kernel: nested kernels, ARD arrays,
+    bounds ('fixed', tuples, arrays of pairs), exponents, compound kernels; a user's subclass is refused."""
+    import json
+
+    from sklearn.gaussian_process import kernels as gpk
+
+    from joker_ext.adapters.sklearn import kernel_from_spec, kernel_spec
+
+    kernels = [
+        gpk.ConstantKernel(2.0, "fixed") * gpk.RBF([1.0, 2.0], length_scale_bounds=[(1e-2, 1e2), (1e-3, 1e3)]),
+        gpk.Matern(0.5, nu=float("inf")) + gpk.RationalQuadratic(alpha=3.0) ** 2,
+        gpk.ExpSineSquared(1.2, 0.7) * gpk.DotProduct(sigma_0=0.1, sigma_0_bounds=(1e-3, 1.0)),
+        gpk.PairwiseKernel(gamma=0.3, metric="laplacian"),
+        gpk.CompoundKernel([gpk.RBF(), gpk.Matern(nu=1.5)]),
+    ]
+    for k in kernels:
+        spec = json.loads(json.dumps(kernel_spec(k)))
+        back = kernel_from_spec(spec)
+        assert back == k and type(back) is type(k)
+    X = np.random.default_rng(0).standard_normal((5, 2))
+    np.testing.assert_array_equal(kernel_from_spec(kernel_spec(kernels[0]))(X), kernels[0](X))
+
+    class MyRBF(gpk.RBF):
+        pass
+
+    with pytest.raises(TypeError, match="own kernel classes"):
+        kernel_spec(MyRBF())
+    with pytest.raises(ValueError, match="not a kernel class"):
+        kernel_from_spec({"class": "os", "params": {}})
