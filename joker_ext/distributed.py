@@ -27,11 +27,16 @@ kernel column on one process and stay single-process.
 """
 from __future__ import annotations
 
-from typing import Optional
+import os
+import socket
+import subprocess
+import sys
+import time
+from typing import Optional, Sequence
 
 import torch
 
-__all__ = ["RowShards", "SingleProcess", "row_shards", "shard_rows", "local_positions"]
+__all__ = ["RowShards", "SingleProcess", "row_shards", "shard_rows", "local_positions", "run_local_group"]
 
 #: Stop reasons in the order in which one rank's reason overrides another's (agreement takes the maximum).
 STOP_REASONS = (None, "converged", "max_iter", "callback", "max_time", "interrupted")
@@ -228,3 +233,42 @@ def local_positions(sample: torch.Tensor, offset: int, n_local: int) -> torch.Te
     hi = int(torch.searchsorted(sample, offset + n_local))
     return sample[lo:hi] - offset
 
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_local_group(args: Sequence[str], nproc: int, *, timeout: float, logs: Sequence = (),
+                    stop_when_rank_exits: Optional[int] = None, env: Optional[dict] = None) -> list:
+    """Run ``python args...`` as ``nproc`` processes of one Gloo group on loopback (what ``torchrun
+    --nproc_per_node`` sets up: ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1``, a free ``MASTER_PORT``)
+    and return their exit codes (tests and benchmarks; users launch with ``torchrun``).
+
+    ``logs[r]``: a file object for rank ``r``'s output (default: inherited). ``stop_when_rank_exits=r``: once
+    rank ``r`` has exited, the others are killed (a rank that dies leaves the others waiting). Raises
+    TimeoutError, after killing every process, when they run past ``timeout`` seconds.
+    """
+    base = dict(os.environ if env is None else env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+                WORLD_SIZE=str(nproc), GLOO_SOCKET_IFNAME="lo")
+    procs = [subprocess.Popen([sys.executable, *args], env=dict(base, RANK=str(r), LOCAL_RANK=str(r)),
+                              stdout=logs[r] if r < len(logs) else None,
+                              stderr=subprocess.STDOUT if r < len(logs) else None) for r in range(nproc)]
+    deadline = time.monotonic() + timeout
+    try:
+        while any(p.poll() is None for p in procs):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the {nproc} processes of {list(args)} did not finish in {timeout} s")
+            if stop_when_rank_exits is not None and procs[stop_when_rank_exits].poll() is not None:
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+            time.sleep(0.05)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    return [p.returncode for p in procs]

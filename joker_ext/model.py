@@ -247,4 +247,5 @@ def fit_dual(
         kw = dict(alpha0=res.alpha, state0=res.state, radius0=res.radius, start_iter=res.n_iter)
     beta = res.state.get("beta") if feature_map is not None else None
     return KernelModel(kernel=kernel, feature_map=feature_map, X_train=data, alpha=res.alpha, beta=beta,
-                       result=res, chunk_rows=chunk_rows, backend=backend, extra={"solver": name})
+                       result=res, chunk_rows=chunk_rows, backend=backend,
+                       extra={"solver": name, "bytes_reduced": shards.bytes_reduced, "world_size": shards.world_size})

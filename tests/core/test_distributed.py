@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import distributed_worker as worker  # noqa: E402
 
 from joker_ext import JokerRegressor  # noqa: E402
+from joker_ext.distributed import run_local_group  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built in")
 
@@ -29,36 +27,18 @@ WORKER = Path(__file__).with_name("distributed_worker.py")
 TIMEOUT = 240
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(scenario: str, out: Path, *, dies: bool = False) -> list:
-    """Run both ranks; return their exit codes. ``dies``: rank 1 is expected to exit on its own, after
-    which rank 0 (left waiting on a collective, or failing) is stopped."""
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="2",
-               OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    """Run both ranks of the worker (bounded in time); return their exit codes. ``dies``: rank 1 is expected
+    to exit on its own, after which rank 0 (failing on, or waiting at, its next collective) is stopped."""
     logs = [open(out / f"rank{r}.log", "w") for r in range(2)]
-    procs = [subprocess.Popen([sys.executable, str(WORKER), scenario, str(out)], env=dict(env, RANK=str(r)),
-                              stdout=logs[r], stderr=subprocess.STDOUT) for r in range(2)]
-    deadline = time.monotonic() + TIMEOUT
     try:
-        while any(p.poll() is None for p in procs):
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{scenario}: the 2 ranks did not finish in {TIMEOUT} s; logs:\n" + _logs(out))
-            if dies and procs[1].poll() is not None:
-                procs[0].kill()
-            time.sleep(0.1)
+        return run_local_group([str(WORKER), scenario, str(out)], 2, timeout=TIMEOUT, logs=logs,
+                               stop_when_rank_exits=1 if dies else None, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    except TimeoutError as exc:
+        raise AssertionError(f"{scenario}: {exc}; logs:\n" + _logs(out)) from None
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
         for f in logs:
             f.close()
-    return [p.returncode for p in procs]
 
 
 def _logs(out: Path) -> str:
