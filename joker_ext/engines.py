@@ -25,7 +25,8 @@ active_set exact      proximal primal-dual active-set method for conjugates that
                       linear on their box; fits the intercept itself (:mod:`joker_ext.active_set`)
 newton     exact      projected Newton on the whole dual (:mod:`joker_ext.newton_exact`)
 newton     features   Newton-PCG on the primal feature weights with a randomized Nystrom
-                      preconditioner and smoothing continuation (:mod:`joker_ext.primal_newton`)
+                      preconditioner and smoothing continuation (:mod:`joker_ext.primal_newton`);
+                      also on rows sharded over processes (:mod:`joker_ext.distributed`)
 ========== ========== ==========================================================================
 
 ``solver='auto'`` (:func:`resolve_solver`) takes a second-order engine, except for exact kernels whose
