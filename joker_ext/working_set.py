@@ -7,27 +7,36 @@ Problem, per target column (the notation of :mod:`joker_ext.active_set`)::
     s.t.       lo_i <= alpha_i <= hi_i            (and sum_i alpha_i = 0 with an intercept)
 
 Its solutions are sparse: most ``alpha_i`` sit at a bound or at the kink, and only the *free* ones (on the
-margin) take values that a linear system decides. The engine never forms ``K``. Every outer iteration:
+margin) take values that a linear system decides. The engine reads ``K`` only through rows of it (all of
+them, formed lazily, when they fit the memory budget). Every outer iteration:
 
 1. **KKT check** from ``f = K alpha`` (kept up to date): each coordinate's optimality condition holds for
    the intercepts ``b`` in an interval ``[l_i, u_i]`` (:meth:`_Column.intercept_bounds`); ``alpha`` is
    optimal iff ``max_i l_i <= min_i u_i`` (without intercept: ``l_i <= 0 <= u_i``). The duality gap at
    ``(K alpha + b, alpha)`` with the best ``b`` is the stopping certificate.
-2. **Working set** ``B``: the free coordinates and the worst violators, ``max(q, 2 |free|)`` in all
-   (with an intercept, half with the largest ``l_i`` and half with the smallest ``u_i``: the maximal
-   violating pairs of LIBSVM's WSS1). A subproblem that cannot hold every free coordinate makes the
-   decomposition crawl, so the set grows with the free set.
+2. **Working set** ``B``: the free coordinates and the worst violators, ``max(q, 2 |free|)`` in all but at
+   most ``2 q`` at first (with an intercept, half with the largest ``l_i`` and half with the smallest ``u_i``: the
+   maximal violating pairs of LIBSVM's WSS1). A subproblem that cannot hold every free coordinate makes
+   the decomposition crawl, so the set grows with the free set; the cap keeps a transient free set (the
+   coordinates a large proximal weight left on their way to a bound) from making subproblems of
+   thousands of coordinates (hinge at n = 10^4: a 3,000-coordinate subproblem took 4.7 s). A free set that
+   stays beyond the cap for ``CAP_PATIENCE`` outer iterations is the solution's own: the cap doubles.
 3. **Subproblem** on ``B`` with the others fixed: the same problem on ``K_BB`` with the linear term
    shifted by ``K_BN alpha_N`` and ``sum alpha_B`` kept; solved by the proximal active-set rounds of
    :mod:`joker_ext.active_set` (each round decreases the whole objective, since its proximal term is
-   centred at the current point).
-4. ``f += K_{:B} (alpha_B^new - alpha_B)`` with the kernel columns of ``B``, kept in an LRU cache of
-   ``cache_columns`` columns (LIBSVM keeps a kernel cache for the same reason).
+   centred at the current point). A proximal weight at which the rounds cycled is not tried again for
+   a few subproblems (the floor falls 3x per subproblem).
+4. ``f += K_{:B} (alpha_B^new - alpha_B)`` with the kernel rows of ``B`` (a sparse-times-dense product that
+   reads the moved rows in place), kept in a cache of ``cache_columns`` rows: by default all ``n`` when
+   ``n^2`` numbers fit half of the exact engines' default memory (``K`` is then formed lazily, row ``j``
+   when ``j`` first enters a working set, and never evicted), else an LRU cache of ``4 q`` rows (LIBSVM
+   keeps a kernel cache for the same reason). Rows are stored as rows, so that ``K_BB`` and the update
+   read contiguous memory.
 
-Cost per outer iteration: ``n |B| d`` for the columns not cached, ``n |B|`` for the update, and a few
-Cholesky factorisations of the free part of ``K_BB`` (``|B|^3 / 3``). Memory: the cache (``n x
-cache_columns``) and ``K_BB``; never ``n x n``. Near the solution ``B`` holds every free coordinate and
-the last violators, and its subproblem is the whole problem restricted to the support vectors.
+Cost per outer iteration: ``n |B| d`` for the rows not cached, ``n |moved|`` for the update, ``|B|^2`` to
+gather ``K_BB``, and a few Cholesky factorisations of the free part of ``K_BB`` (``|B|^3 / 3``). Memory:
+the cache and ``K_BB``. Near the solution ``B`` holds every free coordinate and the last violators, and
+its subproblem is the whole problem restricted to the support vectors.
 """
 from __future__ import annotations
 
@@ -38,7 +47,7 @@ import torch
 
 from .active_set import (SIGMA_FLOOR, SIGMA_START, _Column, _certify, box_qp_inputs, next_sigma,
                          supports_active_set)
-from .engines import WORKING_SET_SIZE, Monitor, register_solver, sigint_as_flag
+from .engines import DEFAULT_EXACT_MEMORY, WORKING_SET_SIZE, Monitor, register_solver, sigint_as_flag
 from .losses import Loss
 from .memory import is_out_of_memory
 from .solver import SolverOptions, SolverResult
@@ -49,6 +58,14 @@ __all__ = ["working_set", "supports_working_set"]
 SUB_ROUNDS = 3
 #: Tenfold increases of the proximal weight a subproblem may make when its active sets cycle.
 MAX_ESCALATIONS = 6
+#: The working set holds at most this many times ``q`` coordinates.
+MAX_SET_FACTOR = 2
+#: Outer iterations in a row whose working set the cap cut before the cap doubles.
+CAP_PATIENCE = 10
+#: Kernel values computed at a time when the cache fills rows (bounds the temporary block).
+FILL_ELEMENTS = 2**21
+#: Factor by which the smallest proximal weight a column's subproblems may take (raised by a cycle) falls per subproblem.
+FLOOR_DECAY = 3.0
 #: Proximal weight (times the kernel's diagonal) at which a cycling subproblem falls back to projected Newton.
 SIGMA_CEILING = 10.0
 
@@ -59,49 +76,92 @@ def supports_working_set(loss: Loss) -> bool:
 
 
 class _ColumnCache:
-    """Columns ``K(X, x_j)`` of the kernel matrix, computed on demand and kept for the ``capacity`` most
-    recently used ``j``."""
+    """Rows ``K(x_j, X)`` of the kernel matrix (its columns, by symmetry), computed on demand and kept for the
+    ``capacity`` most recently used ``j``; stored as rows, so that a set of them is read contiguously.
+    With ``capacity >= n`` nothing is ever evicted and row ``j`` lives in row ``j`` of the buffer: ``K`` is
+    formed lazily, one row per coordinate that enters a working set."""
 
     def __init__(self, operator, capacity: int, dtype, device):
         n = operator.n
         self.operator, self.capacity = operator, max(1, min(int(capacity), n))
-        self.buffer = torch.empty(n, self.capacity, dtype=dtype, device=device)
-        self.slot = torch.full((n,), -1, dtype=torch.long, device=device)
-        self.owner = torch.full((self.capacity,), -1, dtype=torch.long, device=device)
-        self.last_used = torch.full((self.capacity,), -1, dtype=torch.long, device=device)
-        self.clock = 0
+        self.full = self.capacity == n
+        self.buffer = torch.empty(self.capacity, n, dtype=dtype, device=device)
+        self.chunk = max(1, FILL_ELEMENTS // n)  # rows per kernel evaluation (bounded temporary block)
+        if self.full:
+            self.have = torch.zeros(n, dtype=torch.bool, device=device)
+        else:
+            self.slot = torch.full((n,), -1, dtype=torch.long, device=device)
+            self.owner = torch.full((self.capacity,), -1, dtype=torch.long, device=device)
+            self.last_used = torch.full((self.capacity,), -1, dtype=torch.long, device=device)
+            self.clock = 0
+            self.filled = 0  # slots 0 .. filled-1 hold a row (the others are used before any eviction)
         self.X = operator.data.all().to(dtype=dtype, device=device)
 
-    def __call__(self, idx: torch.Tensor) -> torch.Tensor:
-        """``K[:, idx]`` (n x |idx|) for unique ``idx`` (computed afresh, uncached, beyond ``capacity``)."""
+    def _fill(self, slots: torch.Tensor, idx: torch.Tensor) -> None:
+        for s in range(0, idx.numel(), self.chunk):
+            self.buffer.index_copy_(0, slots[s:s + self.chunk],
+                                    self.operator.kernel(self.X[idx[s:s + self.chunk]], self.X))
+
+    def __call__(self, idx: torch.Tensor):
+        """``(R, rows)`` with ``R[rows] = K[idx, :]`` for unique ``idx``: ``R`` is the cache's buffer, or a fresh
+        block (``rows = arange``) when ``idx`` holds more than ``capacity`` coordinates. The rows stay valid
+        until the next call."""
         if idx.numel() > self.capacity:
-            return self.operator.kernel(self.X, self.X[idx])
+            return self.operator.kernel(self.X[idx], self.X), torch.arange(idx.numel(), device=idx.device)
+        if self.full:
+            missing = idx[~self.have[idx]]
+            if missing.numel():
+                self._fill(missing, missing)
+                self.have[missing] = True
+            return self.buffer, idx
         self.clock += 1
         missing = idx[self.slot[idx] < 0]
         if missing.numel():
-            in_use = torch.zeros(self.capacity, dtype=torch.bool, device=idx.device)
-            have = self.slot[idx]
-            in_use[have[have >= 0]] = True
-            age = torch.where(in_use, torch.full_like(self.last_used, self.clock), self.last_used)
-            slots = torch.argsort(age)[: missing.numel()]
-            old = self.owner[slots]
-            self.slot[old[old >= 0]] = -1
-            self.buffer[:, slots] = self.operator.kernel(self.X, self.X[missing])
+            m = missing.numel()
+            fresh = min(m, self.capacity - self.filled)
+            slots = torch.arange(self.filled, self.filled + fresh, device=idx.device)
+            self.filled += fresh
+            if fresh < m:  # evict the least recently used rows not in idx
+                in_use = torch.zeros(self.capacity, dtype=torch.bool, device=idx.device)
+                have = self.slot[idx]
+                in_use[have[have >= 0]] = True
+                in_use[slots] = True
+                age = torch.where(in_use, torch.full_like(self.last_used, self.clock), self.last_used)
+                old_slots = torch.argsort(age)[: m - fresh]
+                old = self.owner[old_slots]
+                self.slot[old[old >= 0]] = -1
+                slots = torch.cat([slots, old_slots])
+            self._fill(slots, missing)
             self.owner[slots] = missing
             self.slot[missing] = slots
-        slots = self.slot[idx]
-        self.last_used[slots] = self.clock
-        return self.buffer[:, slots]
+        rows = self.slot[idx]
+        self.last_used[rows] = self.clock
+        return self.buffer, rows
 
 
-def _select(col: _Column, a, bounds, q: int, intercept: bool) -> torch.Tensor:
-    """The working set: every free coordinate (``lo < a_i < hi``, ``a_i != 0``) and the worst violators of
-    the optimality conditions, at least as many as free ones (so the set grows to ``2 |free|`` when the
-    free coordinates outnumber ``q / 2``: a decomposition whose subproblems cannot hold the free set
-    crawls). ``bounds``: :meth:`_Column.intercept_bounds` at ``a``."""
+def _rows_product(R: torch.Tensor, rows: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+    """``R[rows]^T V`` (n x T) without copying the rows: a sparse (T x len(R)) times dense product."""
+    k, T = V.shape
+    ii = torch.stack([torch.arange(T, device=V.device).repeat_interleave(k), rows.repeat(T)])
+    S = torch.sparse_coo_tensor(ii, V.T.reshape(-1), (T, R.shape[0]), check_invariants=False)
+    return torch.sparse.mm(S, R).T
+
+
+def _select(col: _Column, a, bounds, q: int, intercept: bool, b: float = 0.0, cap: Optional[int] = None):
+    """The working set (sorted): the free coordinates (``lo < a_i < hi``, ``a_i != 0``) and the worst violators
+    of the optimality conditions, at least as many as free ones, so that the set grows to ``2 |free|``
+    when the free coordinates outnumber ``q / 2`` (a decomposition whose subproblems cannot hold the free
+    set crawls) - but to ``cap`` (``MAX_SET_FACTOR q`` unless given) at most: beyond, the free coordinates farthest from their
+    optimality at the intercept ``b`` are taken (a large transient free set, of coordinates on their way
+    to a bound, made subproblems of thousands of coordinates). ``bounds``: :meth:`_Column.intercept_bounds`
+    at ``a``. Returns the set and whether the cap cut the free coordinates."""
     lower, upper = bounds
     n = a.numel()
     free = torch.nonzero((a > col.lo) & (a < col.hi) & (a != 0)).reshape(-1)
+    cap = MAX_SET_FACTOR * q if cap is None else cap
+    cut = 2 * free.numel() > cap
+    if cut:  # a free coordinate is optimal at b = lower = upper
+        free = free[torch.topk((lower[free] - b).abs(), cap // 2).indices]
     budget = min(n, max(q, 2 * free.numel())) - free.numel()
     if intercept:
         half = max(1, budget // 2)
@@ -111,7 +171,7 @@ def _select(col: _Column, a, bounds, q: int, intercept: bool) -> torch.Tensor:
     else:
         violation = torch.maximum(lower, -upper).clamp_min(0)
         chosen = torch.topk(violation, min(max(1, budget), n)).indices
-    return torch.unique(torch.cat([free, chosen]))
+    return torch.unique(torch.cat([free, chosen])), cut
 
 
 def _best_intercept(bounds, b_sub: float) -> float:
@@ -128,10 +188,9 @@ def _best_intercept(bounds, b_sub: float) -> float:
     return min(max(b_sub, hi), lo)
 
 
-def _subproblem(col: _Column, K_B, B, a, f, b: float, sigma: float, floor: float):
-    """Proximal active-set rounds on the block ``B``; returns the new ``a_B``, the subproblem's intercept
-    and the next proximal weight."""
-    K_BB = K_B[B]
+def _subproblem(col: _Column, K_BB, B, a, f, b: float, sigma: float, floor: float):
+    """Proximal active-set rounds on the block ``B`` (``K_BB`` its kernel block); returns the new ``a_B``, the
+    subproblem's intercept and the next proximal weight."""
     aB = a[B]
     fB = K_BB @ aB
     sub = _Column(K_BB, K_BB.diagonal().clone(), col.loss, col.y[B], col.c[B], col.intercept,
@@ -152,7 +211,85 @@ def _subproblem(col: _Column, K_B, B, a, f, b: float, sigma: float, floor: float
         sigma = next_sigma(sigma, steps, floor)
         if steps <= 1 or settled == SUB_ROUNDS:
             break
-    return aB, b, max(sigma, floor / 10.0)  # the next subproblem starts near what settled here
+    return aB, b, max(sigma, floor / 10.0), floor  # the next subproblem starts near what settled here
+
+
+class _KernelRows:
+    """The kernel matrix read through the cache: blocks ``K_BB`` and products ``K[:, S] v``."""
+
+    def __init__(self, cache: _ColumnCache):
+        self.cache = cache
+        self.n = cache.X.shape[0]
+        self._last = None
+
+    def block(self, B: torch.Tensor) -> torch.Tensor:
+        """``K_BB`` (``B`` sorted); the rows of ``B`` stay at hand for the next :meth:`update`."""
+        R, rows = self.cache(B)
+        self._last = (R, rows)
+        return R[rows.unsqueeze(1), B.unsqueeze(0)]
+
+    def update(self, sel: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        """``K[:, B[sel]] delta`` for the ``B`` of the last :meth:`block`."""
+        R, rows = self._last
+        return _rows_product(R, rows[sel], delta.unsqueeze(1)).reshape(-1)
+
+    def matmul(self, A: torch.Tensor) -> torch.Tensor:
+        """``K A`` through the rows of the nonzero rows of ``A``, ``capacity`` at a time."""
+        idx = torch.nonzero((A != 0).any(1)).reshape(-1)
+        out = torch.zeros(self.n, A.shape[1], dtype=A.dtype, device=A.device)
+        step = self.cache.capacity
+        for s in range(0, idx.numel(), step):
+            R, rows = self.cache(idx[s:s + step])
+            out += _rows_product(R, rows, A[idx[s:s + step]])
+        return out
+
+
+def _decompose(src: _KernelRows, diagK, loss: Loss, Y, c_col, alpha, F, intercept: bool, q: int, mon: Monitor,
+               opts: SolverOptions, it: int, state: dict, interrupted=lambda: False):
+    """The outer loop of the decomposition from ``(alpha, F = K alpha)``, in place; returns ``(reason, it,
+    rec)``."""
+    T = Y.shape[1]
+    dtype, device = Y.dtype, Y.device
+    columns = [_Column(None, diagK, loss.column(t), Y[:, t], c_col, intercept) for t in range(T)]
+    scale = columns[0].scale
+    sigma = [SIGMA_START * scale] * T
+    floor = [SIGMA_FLOOR * scale] * T
+    b_sub = [0.0] * T
+    cap, cuts = [MAX_SET_FACTOR * q] * T, [0] * T
+    # each column's intercept intervals at its current point (the next working set and b come from them)
+    bounds = [col.intercept_bounds(alpha[:, t], F[:, t] + col.h * alpha[:, t] - col.lin)
+              for t, col in enumerate(columns)]
+    b_all = torch.zeros(T, dtype=dtype, device=device)
+    if intercept:
+        b_all = torch.tensor([_best_intercept(bounds[t], 0.0) for t in range(T)], dtype=dtype, device=device)
+    rec = _certify(mon, loss, Y, F, alpha, b_all, c_col, it, state, sigma)
+    reason = "converged" if rec["rel_gap"] <= opts.tol else None
+    while reason is None and it < opts.max_iter:
+        for t, col in enumerate(columns):
+            if rec["column_rel_gap"][t] <= opts.tol:
+                continue
+            a = alpha[:, t]
+            B, cut = _select(col, a, bounds[t], q, intercept, float(b_all[t]), cap[t])
+            # a free set that stays beyond the cap is the solution's: the cap doubles after CAP_PATIENCE cuts
+            cuts[t] = cuts[t] + 1 if cut else 0
+            if cuts[t] >= CAP_PATIENCE:
+                cap[t], cuts[t] = 2 * cap[t], 0
+            K_BB = src.block(B)
+            aB, b_sub[t], sigma[t], floor[t] = _subproblem(col, K_BB, B, a, F[:, t], b_sub[t], sigma[t], floor[t])
+            # a weight that cycled here is tried again only after a few more subproblems
+            floor[t] = max(SIGMA_FLOOR * scale, floor[t] / FLOOR_DECAY)
+            delta = aB - a[B]
+            moved = torch.nonzero(delta).reshape(-1)
+            if moved.numel():
+                F[:, t] += src.update(moved, delta[moved])
+                a[B] = aB
+            bounds[t] = col.intercept_bounds(a, F[:, t] + col.h * a - col.lin)
+            if intercept:
+                b_all[t] = _best_intercept(bounds[t], b_sub[t])
+        it += 1
+        rec = _certify(mon, loss, Y, F, alpha, b_all, c_col, it, state, sigma)
+        reason = mon.stop_reason(rec, state, alpha, interrupted())
+    return reason, it, rec
 
 
 def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: Optional[SolverOptions] = None,
@@ -179,7 +316,8 @@ def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options:
     working_set_size : int
         ``q``, coordinates per subproblem.
     cache_columns : int, optional
-        Kernel columns kept (default ``min(n, 4 q)``).
+        Kernel rows kept: by default all ``n`` (``K`` is formed lazily) when ``n^2`` numbers fit half of
+        :data:`~joker_ext.engines.DEFAULT_EXACT_MEMORY`, else ``min(n, 4 q)``.
     """
     opts, c_col, alpha = box_qp_inputs("working_set", operator, Y, loss, c, options, alpha0)
     n, T = Y.shape
@@ -187,50 +325,23 @@ def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options:
     if intercept:  # a start off the hyperplane sum a = 0 is not feasible: those columns start from zero
         alpha[:, alpha.sum(0).abs() > 1e-12 * alpha.abs().sum(0).clamp_min(1.0)] = 0.0
     q = max(2, min(int(working_set_size), n))
-    cache = _ColumnCache(operator, cache_columns or min(n, 4 * q), dtype, device)
+    if cache_columns is None:  # all of K when it fits half the default budget of the exact engines, else 4 q rows
+        itemsize = torch.finfo(dtype).bits // 8
+        cache_columns = n if n * n * itemsize <= DEFAULT_EXACT_MEMORY // 2 else min(n, 4 * q)
     mon = Monitor(opts, callback=callback, validation=validation, snapshot=snapshot, snapshot_every=snapshot_every,
                   dtype=dtype)
-    b_all = torch.zeros(T, dtype=dtype, device=device)
     state = {"f": torch.zeros_like(alpha)}
     if intercept:
-        state["intercept"] = b_all
+        state["intercept"] = torch.zeros(T, dtype=dtype, device=device)
     status, it, rec = "max_iter", start_iter, None
     with sigint_as_flag(opts.handle_sigint) as sig:
         try:
-            F = operator.init_state(alpha)["f"] if bool((alpha != 0).any()) else torch.zeros_like(alpha)
+            cache = _ColumnCache(operator, cache_columns, dtype, device)
+            src = _KernelRows(cache)
             diagK = operator.kernel.diag(cache.X)
-            columns = [_Column(None, diagK, loss.column(t), Y[:, t], c_col, intercept) for t in range(T)]
-            scale = columns[0].scale
-            sigma = [SIGMA_START * scale] * T
-            b_sub = [0.0] * T
-            # each column's intercept intervals at its current point (the next working set and b come from them)
-            bounds = [col.intercept_bounds(alpha[:, t], F[:, t] + col.h * alpha[:, t] - col.lin)
-                      for t, col in enumerate(columns)]
-            if intercept:
-                b_all = torch.tensor([_best_intercept(bounds[t], 0.0) for t in range(T)], dtype=dtype,
-                                     device=device)
-            rec = _certify(mon, loss, Y, F, alpha, b_all, c_col, it, state, sigma)
-            reason = "converged" if rec["rel_gap"] <= opts.tol else None
-            while reason is None and it < opts.max_iter:
-                for t, col in enumerate(columns):
-                    if rec["column_rel_gap"][t] <= opts.tol:
-                        continue
-                    a = alpha[:, t]
-                    B = _select(col, a, bounds[t], q, intercept)
-                    K_B = cache(B)
-                    aB, b_sub[t], sigma[t] = _subproblem(col, K_B, B, a, F[:, t], b_sub[t], sigma[t],
-                                                         SIGMA_FLOOR * scale)
-                    delta = aB - a[B]
-                    moved = delta != 0
-                    if bool(moved.any()):
-                        F[:, t] += K_B[:, moved] @ delta[moved]
-                        a[B] = aB
-                    bounds[t] = col.intercept_bounds(a, F[:, t] + col.h * a - col.lin)
-                    if intercept:
-                        b_all[t] = _best_intercept(bounds[t], b_sub[t])
-                it += 1
-                rec = _certify(mon, loss, Y, F, alpha, b_all, c_col, it, state, sigma)
-                reason = mon.stop_reason(rec, state, alpha, sig.flag)
+            F = src.matmul(alpha)
+            reason, it, rec = _decompose(src, diagK, loss, Y, c_col, alpha, F, intercept, q, mon, opts, it, state,
+                                         lambda: sig.flag)
             status = reason or "max_iter"
         except (RuntimeError, MemoryError) as exc:
             if not is_out_of_memory(exc):

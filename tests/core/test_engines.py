@@ -212,11 +212,14 @@ def test_hinge_with_intercept_is_libsvm_svc(C, solver):
     assert primal(m.alpha[:, 0].numpy(), f) <= primal(a_ref, f_ref) * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("cache_columns", [40, None])
 @pytest.mark.parametrize("intercept", [False, True])
 @pytest.mark.parametrize("name", KINKED + ["squared_hinge"])
-def test_working_set_reaches_the_cvxpy_optimum(name, intercept):
-    """Small working sets (24 of 160 coordinates) and a column cache smaller than the union of the sets
-    touched: the decomposition, its eviction and its intercept bookkeeping, against cvxpy."""
+def test_working_set_reaches_the_cvxpy_optimum(name, intercept, cache_columns):
+    """Small working sets (24 of 160 coordinates; their cap of 2 q = 48 must grow where the solution has
+    more free coordinates, e.g. absolute) with a row cache smaller than the union of the sets touched (LRU
+    eviction) or the default one (all of K, formed lazily): the decomposition, its cache and its
+    intercept bookkeeping, against cvxpy."""
     pytest.importorskip("cvxpy")
     from joker_ext.working_set import working_set
 
@@ -225,7 +228,7 @@ def test_working_set_reaches_the_cvxpy_optimum(name, intercept):
     c = torch.full((len(y),), 3.0, dtype=F64)
     op = ExactOperator(kernel, BlockData(torch.as_tensor(X), F64, torch.device("cpu")))
     res = working_set(op, torch.as_tensor(y).reshape(-1, 1), loss, c, SolverOptions(max_iter=2000, tol=1e-10),
-                      intercept=intercept, working_set_size=24, cache_columns=40)
+                      intercept=intercept, working_set_size=24, cache_columns=cache_columns)
     assert res.status == "converged" and res.rel_gap <= 1e-10
     K = kernel(torch.as_tensor(X), torch.as_tensor(X)).numpy()
     assert res.primal == pytest.approx(cvxpy_primal(name, K, y, c.numpy(), intercept=intercept), rel=1e-6)
