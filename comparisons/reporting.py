@@ -6,6 +6,8 @@
   and fit memory, the test metric, its distance to the best backend, and the notes.
 * :func:`make_figures` draws (matplotlib, Agg backend), after the seed paper's figures 1-3:
   ``metric_vs_time_<experiment>.png`` (test metric against fit time, per backend),
+  ``convergence_vs_time_<experiment>.png`` (each solver's own convergence measure against fit time: Joker's
+  relative duality gap, the relative residual of EigenPro 2/3 and ASkotch, ADMM's primal residual),
   ``model_size_<experiment>.png`` (memory, fit time and test metric against the model size M) and
   ``joker_objectives_<experiment>.png`` (Joker's primal and dual objectives and relative duality gap
   against block iterations).
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 __all__ = ["CSV_COLUMNS", "write_csv", "read_csv", "markdown_table", "make_figures", "summarise",
-           "relative_gap_to_best"]
+           "relative_gap_to_best", "trace_curve", "convergence_curve", "CONVERGENCE_LABELS"]
 
 CSV_COLUMNS = [
     "experiment", "run_id", "dataset", "task", "backend", "loss", "kernel", "sigma", "penalty", "M",
@@ -202,6 +204,40 @@ def _load_trace(out: Path, row: Dict[str, Any]) -> Optional[Dict[str, Any]]:
         return None
 
 
+def trace_curve(out, row: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The points of a run's trace that the metric-against-time figure draws (those with a finite test
+    metric), in the order recorded. With fewer than two the figure shows the run as a single marker."""
+    tr = _load_trace(Path(out), row)
+    return [p for p in (tr or {}).get("points", []) if "metric" in p and _finite(p["metric"])]
+
+
+#: Convergence measures a trace may carry, in order of preference, and their legend text.
+CONVERGENCE_LABELS = {
+    "rel_gap": "relative duality gap",
+    "relative_residual": "relative residual ||(K + lam I) a - y|| / ||y||",
+    "primal_residual": "ADMM primal residual ||x - z||",
+}
+
+
+def convergence_curve(out, row: Dict[str, Any]):
+    """``(key, points)``: the points of a run's trace carrying its convergence measure (the first of
+    :data:`CONVERGENCE_LABELS` it records, with a finite value >= 0), or ``(None, [])``."""
+    tr = _load_trace(Path(out), row)
+    pts = (tr or {}).get("points", [])
+    for key in CONVERGENCE_LABELS:
+        sel = [p for p in pts if key in p and _finite(p[key]) and float(p[key]) >= 0 and "time" in p]
+        if sel:
+            return key, sel
+    return None, []
+
+
+def _finite(v: Any) -> bool:
+    try:
+        return math.isfinite(float(v))
+    except (TypeError, ValueError):
+        return False
+
+
 def _uses_M(backend: str) -> bool:
     try:
         from .backends import backend_class
@@ -242,8 +278,7 @@ def make_figures(rows: Sequence[Dict[str, Any]], out) -> List[str]:
         for r in ok:
             if r.get("repeat", 0) not in (0, "0") or str(r.get("M")) != main_M[r["backend"]]:
                 continue
-            tr = _load_trace(out, r)
-            pts = [p for p in (tr or {}).get("points", []) if "metric" in p and p["metric"] == p["metric"]]
+            pts = trace_curve(out, r)
             label = r["backend"] + (f" (M={r.get('M')})" if multi_M and _uses_M(r["backend"]) else "")
             if len(pts) > 1:
                 t = [max(p["time"], 1e-4) for p in pts]
@@ -277,6 +312,33 @@ def make_figures(rows: Sequence[Dict[str, Any]], out) -> List[str]:
         fig.savefig(p, dpi=110)
         plt.close(fig)
         made.append(str(p))
+
+        # ---- 1b. each solver's own convergence measure against fit time
+        curves = []
+        for r in ok:
+            if r.get("repeat", 0) not in (0, "0") or str(r.get("M")) != main_M[r["backend"]]:
+                continue
+            key, pts = convergence_curve(out, r)
+            if key and len(pts) > 1:
+                curves.append((r, key, pts))
+        if curves:
+            fig, ax = plt.subplots(figsize=(8, 5))
+            ax.set_prop_cycle(color=plt.get_cmap("tab20").colors)
+            for r, key, pts in curves:
+                ax.plot([max(p["time"], 1e-4) for p in pts], [max(float(p[key]), 1e-17) for p in pts],
+                        marker=".", ms=3, lw=1.2, label=f"{r['backend']}: {CONVERGENCE_LABELS[key]}")
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel("fit time (s)")
+            ax.set_ylabel("the solver's own convergence measure")
+            ax.set_title(f"{exp}: residuals and duality gaps during training")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+            p = out / f"convergence_vs_time_{_safe(exp)}.png"
+            fig.tight_layout()
+            fig.savefig(p, dpi=110)
+            plt.close(fig)
+            made.append(str(p))
 
         # ---- 2. memory, time and metric against model size (seed figure 1)
         fig, axes = plt.subplots(1, 3, figsize=(13, 4))

@@ -175,7 +175,8 @@ class Trace:
     def record(self, *, iteration: Optional[float] = None, predict: Optional[Callable] = None,
                scores=None, time_s: Optional[float] = None, **extra: Any) -> None:
         """Add a point: ``time`` (fit seconds), ``iteration``, ``metric`` (from ``predict(self.X)`` or
-        ``scores``) and any ``extra`` numbers (primal, dual, gap, ...)."""
+        ``scores``) and any ``extra`` numbers (primal, dual, gap, ...); an ``extra`` given as a function
+        without arguments is called here, off the clock, like ``predict``."""
         t = self.clock() if time_s is None else float(time_s)
         with self.pause():
             point: Dict[str, Any] = {"time": t}
@@ -191,9 +192,14 @@ class Trace:
                 point["trace_error"] = f"{type(exc).__name__}: {exc}"
             for k, v in extra.items():
                 try:
+                    if callable(v):  # a lazily computed quantity (an objective): evaluated off the clock
+                        v = v()
                     point[k] = float(v)
                 except (TypeError, ValueError):
                     point[k] = str(v)
+                except Exception as exc:  # like a failing predict: recorded, never fatal to the fit
+                    point[k] = math.nan
+                    point.setdefault("trace_error", f"{k}: {type(exc).__name__}: {exc}")
             self.points.append(point)
 
 

@@ -174,7 +174,10 @@ class ADMMSVM:
         """Solve the SVM dual on (X, y) by ADMM; y has two classes (the larger label is +1).
 
         ``callback(info)``, if given, is called after every iteration with ``info = {'iteration',
-        'primal_residual', 'dual_residual'}``.
+        'primal_residual', 'dual_residual', 'predict', 'objective'}``: ``predict(X)`` is the decision
+        function of the iterate z (with its bias, eq. 7) and ``objective()`` its dual objective
+        ``1/2 z^T Y K Y z - e^T z``. Both are evaluated only when called (one product with K, shared),
+        so a caller that times the fit can call them off its clock.
         """
         callback = check_callback(callback)
         X = as_matrix(X, "X", dtype=self.dtype, device=self.device)
@@ -211,7 +214,9 @@ class ADMMSVM:
             r_d = beta * float((z - z_prev).norm())
             history.append((it, r_p, r_d))
             if callback is not None:
-                callback({"iteration": it, "primal_residual": r_p, "dual_residual": r_d})
+                snap = _Snapshot(self, X, ys, z, matvec)
+                callback({"iteration": it, "primal_residual": r_p, "dual_residual": r_d,
+                          "predict": snap.predict, "objective": snap.objective})
             if self.converged:
                 eps_p = self.eps_abs * sqn + self.tol * max(float(x.norm()), float(z.norm()))
                 eps_d = self.eps_abs * sqn + self.tol * float(mu.norm())
@@ -253,15 +258,17 @@ class ADMMSVM:
         return lo if math.isfinite(lo) else (hi if math.isfinite(hi) else 0.0)
 
     # ------------------------------------------------------------------ prediction
+    def _decision(self, Xt: torch.Tensor, X: torch.Tensor, coef_y: torch.Tensor, support: torch.Tensor,
+                  b: float) -> torch.Tensor:
+        if support.numel() == 0:
+            return torch.full((Xt.shape[0],), b, dtype=self.dtype, device=self.device)
+        return self.kernel.mmv(Xt, X[support], coef_y[support]) + b
+
     def decision_function(self, X: Any) -> Union[np.ndarray, torch.Tensor]:
         """``f(X) = sum_i y_i z_i k(x_i, X) + b`` with the exact kernel; numpy in, numpy out."""
         check_fitted(self, "dual_coef_")
         Xt = as_matrix(X, "X", dtype=self.dtype, device=self.device, n_features=self.X_.shape[1])
-        sv = self.support_
-        if sv.numel() == 0:
-            f = torch.full((Xt.shape[0],), self.intercept_, dtype=self.dtype, device=self.device)
-        else:
-            f = self.kernel.mmv(Xt, self.X_[sv], self.coef_y_[sv]) + self.intercept_
+        f = self._decision(Xt, self.X_, self.coef_y_, self.support_, self.intercept_)
         return output_like(f, X, squeeze=True)
 
     def predict(self, X: Any) -> Union[np.ndarray, torch.Tensor]:
@@ -272,3 +279,33 @@ class ADMMSVM:
         if isinstance(X, torch.Tensor) and np.issubdtype(labels.dtype, np.number):
             return torch.as_tensor(labels)
         return labels
+
+
+class _Snapshot:
+    """The ADMM iterate z of one iteration, scored lazily for progress callbacks: ``K Y z`` (for the bias and
+    the dual objective) is computed on the first call of :meth:`predict` or :meth:`objective` only."""
+
+    def __init__(self, svm: ADMMSVM, X: torch.Tensor, ys: torch.Tensor, z: torch.Tensor, matvec):
+        self._svm, self._X, self._ys, self._matvec = svm, X, ys, matvec
+        self._z = z[:, 0].detach().clone()
+        self._Kzy: Optional[torch.Tensor] = None
+
+    def _products(self) -> torch.Tensor:
+        if self._Kzy is None:
+            self._Kzy = self._matvec((self._ys * self._z).unsqueeze(1))[:, 0]
+            self._b = self._svm._bias(self._z, self._ys, self._Kzy)
+        return self._Kzy
+
+    def objective(self) -> float:
+        """``1/2 z^T Y K Y z - e^T z`` (K as used by the solver: exact or HSS)."""
+        Kzy = self._products()
+        return float(0.5 * ((self._ys * self._z) @ Kzy) - self._z.sum())
+
+    def predict(self, X: Any) -> Union[np.ndarray, torch.Tensor]:
+        """``sum_i y_i z_i k(x_i, X) + b`` of this iterate (b by eq. 7, as at the end of fit)."""
+        self._products()
+        svm = self._svm
+        Xt = as_matrix(X, "X", dtype=svm.dtype, device=svm.device, n_features=self._X.shape[1])
+        support = torch.nonzero(self._z > 0).flatten()
+        f = svm._decision(Xt, self._X, self._ys * self._z, support, self._b)
+        return output_like(f, X, squeeze=True)
