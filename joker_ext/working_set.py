@@ -7,8 +7,8 @@ Problem, per target column (the notation of :mod:`joker_ext.active_set`)::
     s.t.       lo_i <= alpha_i <= hi_i            (and sum_i alpha_i = 0 with an intercept)
 
 Its solutions are sparse: most ``alpha_i`` sit at a bound or at the kink, and only the *free* ones (on the
-margin) take values that a linear system decides. The engine reads ``K`` only through rows of it (all of
-them, formed lazily, when they fit the memory budget). Every outer iteration:
+margin) take values that a linear system decides. The engine reads ``K`` through blocks ``K_BB`` and rows
+(all of them, formed lazily, when they fit the memory budget). Every outer iteration:
 
 1. **KKT check** from ``f = K alpha`` (kept up to date): each coordinate's optimality condition holds for
    the intercepts ``b`` in an interval ``[l_i, u_i]`` (:meth:`_Column.intercept_bounds`); ``alpha`` is
@@ -24,18 +24,22 @@ them, formed lazily, when they fit the memory budget). Every outer iteration:
 3. **Subproblem** on ``B`` with the others fixed: the same problem on ``K_BB`` with the linear term
    shifted by ``K_BN alpha_N`` and ``sum alpha_B`` kept; solved by the proximal active-set rounds of
    :mod:`joker_ext.active_set` (each round decreases the whole objective, since its proximal term is
-   centred at the current point). A proximal weight at which the rounds cycled is not tried again for
-   a few subproblems (the floor falls 3x per subproblem).
-4. ``f += K_{:B} (alpha_B^new - alpha_B)`` with the kernel rows of ``B`` (a sparse-times-dense product that
-   reads the moved rows in place), kept in a cache of ``cache_columns`` rows: by default all ``n`` when
-   ``n^2`` numbers fit half of the exact engines' default memory (``K`` is then formed lazily, row ``j``
-   when ``j`` first enters a working set, and never evicted), else an LRU cache of ``4 q`` rows (LIBSVM
-   keeps a kernel cache for the same reason). Rows are stored as rows, so that ``K_BB`` and the update
-   read contiguous memory.
+   centred at the current point). Rounds whose sets cycle raise the weight 3x; a weight at which they
+   cycled is not tried again for a few subproblems (the floor falls 3x per subproblem). A round whose
+   sets held at once is followed by one round at the smallest weight with the same sets: when they hold
+   there too, that is the subproblem's exact solution (the last outer iterations then need no slow
+   descent of the weight), else it is discarded. ``K_BB`` is evaluated from the points of ``B``
+   (``|B|^2`` kernel values cost less than gathering them from scattered cached rows).
+4. ``f += K_{:B} (alpha_B^new - alpha_B)`` with the kernel rows of the coordinates that moved (a
+   sparse-times-dense product that reads them in place), kept in a cache of ``cache_columns`` rows: by
+   default all ``n`` when ``n^2`` numbers fit half of the exact engines' default memory (``K`` is then
+   formed lazily, row ``j`` when ``alpha_j`` first moves, and never evicted), else an LRU cache of
+   ``4 q`` rows (LIBSVM keeps a kernel cache for the same reason). A coordinate that never moves (most
+   violators that a subproblem leaves where they are) never has its row computed.
 
-Cost per outer iteration: ``n |B| d`` for the rows not cached, ``n |moved|`` for the update, ``|B|^2`` to
-gather ``K_BB``, and a few Cholesky factorisations of the free part of ``K_BB`` (``|B|^3 / 3``). Memory:
-the cache and ``K_BB``. Near the solution ``B`` holds every free coordinate and the last violators, and
+Cost per outer iteration: ``|B|^2 d`` for ``K_BB``, ``n |moved| d`` for the moved rows not cached,
+``n |moved|`` for the update, and a few Cholesky factorisations of the free part of ``K_BB``
+(``|B|^3 / 3``). Memory: the cache and ``K_BB``. Near the solution ``B`` holds every free coordinate and the last violators, and
 its subproblem is the whole problem restricted to the support vectors.
 """
 from __future__ import annotations
@@ -68,6 +72,8 @@ FILL_ELEMENTS = 2**21
 FLOOR_DECAY = 3.0
 #: Proximal weight (times the kernel's diagonal) at which a cycling subproblem falls back to projected Newton.
 SIGMA_CEILING = 10.0
+#: Factor by which a subproblem raises its proximal weight when its active sets cycle.
+ESCALATE = 3.0
 
 
 def supports_working_set(loss: Loss) -> bool:
@@ -203,12 +209,18 @@ def _subproblem(col: _Column, K_BB, B, a, f, b: float, sigma: float, floor: floa
             if sigma >= SIGMA_CEILING * col.scale:  # diagonal enough and still cycling: monotone fallback
                 aB, fB, b = sub.newton_round(aB.clone(), fB.clone(), sigma / sub.c, aB.clone())
                 break
-            sigma, sets = sigma * 10.0, None
+            sigma, sets = sigma * ESCALATE, None
             floor = sigma  # within this subproblem, no smaller weight than one that settled after a cycle
             continue
         aB, fB, b, steps, sets = out
         settled += 1
         sigma = next_sigma(sigma, steps, floor)
+        if steps <= 1 and sigma > SIGMA_FLOOR * col.scale:
+            # sets that held at once are likely the subproblem's own: one round at the smallest weight
+            # with them is the exact solution when they hold there too (else that round is discarded)
+            fin = sub.round(aB, fB, b, aB.clone(), SIGMA_FLOOR * col.scale / sub.c, *sets)
+            if fin is not None and fin[3] <= 1:
+                aB, fB, b, _, sets = fin
         if steps <= 1 or settled == SUB_ROUNDS:
             break
     return aB, b, max(sigma, floor / 10.0), floor  # the next subproblem starts near what settled here
@@ -220,18 +232,19 @@ class _KernelRows:
     def __init__(self, cache: _ColumnCache):
         self.cache = cache
         self.n = cache.X.shape[0]
-        self._last = None
+        self._B = None
 
     def block(self, B: torch.Tensor) -> torch.Tensor:
-        """``K_BB`` (``B`` sorted); the rows of ``B`` stay at hand for the next :meth:`update`."""
-        R, rows = self.cache(B)
-        self._last = (R, rows)
-        return R[rows.unsqueeze(1), B.unsqueeze(0)]
+        """``K_BB``, evaluated from the points of ``B`` (``|B|^2`` kernel values: faster than gathering them
+        from the cached rows, and no row is needed for a coordinate that does not move)."""
+        self._B = B
+        XB = self.cache.X[B]
+        return self.cache.operator.kernel(XB, XB)
 
     def update(self, sel: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-        """``K[:, B[sel]] delta`` for the ``B`` of the last :meth:`block`."""
-        R, rows = self._last
-        return _rows_product(R, rows[sel], delta.unsqueeze(1)).reshape(-1)
+        """``K[:, B[sel]] delta`` for the ``B`` of the last :meth:`block`, through the cached rows."""
+        R, rows = self.cache(self._B[sel])
+        return _rows_product(R, rows, delta.unsqueeze(1)).reshape(-1)
 
     def matmul(self, A: torch.Tensor) -> torch.Tensor:
         """``K A`` through the rows of the nonzero rows of ``A``, ``capacity`` at a time."""

@@ -281,6 +281,38 @@ def test_several_targets_equal_separate_fits(solver):
                                                                           abs=1e-8)
 
 
+def test_working_set_computes_kernel_rows_only_for_coordinates_that_move(monkeypatch):
+    """``K_BB`` comes from the points of the working set; a row of ``K`` is computed only when its coordinate
+    moves (f's update), so a point that never leaves zero (far outside the margin) costs no row."""
+    pytest.importorskip("cvxpy")
+    from joker_ext import working_set as ws
+
+    filled = []
+    fill = ws._ColumnCache._fill
+
+    def spy(self, slots, idx):
+        filled.extend(idx.tolist())
+        fill(self, slots, idx)
+
+    monkeypatch.setattr(ws._ColumnCache, "_fill", spy)
+    loss, X, y = _problem("hinge", n=300, seed=5)
+    kernel = GaussianKernel(1.0)
+    c = torch.full((300,), 2.0, dtype=F64)
+    snapshots = [torch.zeros(300, dtype=F64)]
+    op = ExactOperator(kernel, BlockData(torch.as_tensor(X), F64, torch.device("cpu")))
+    res = ws.working_set(op, torch.as_tensor(y).reshape(-1, 1), loss, c, SolverOptions(max_iter=500, tol=1e-12),
+                         intercept=True, working_set_size=32,
+                         callback=lambda info: snapshots.append(info["alpha"][:, 0].clone()) and False)
+    assert res.status == "converged" and res.rel_gap <= 1e-12
+    moved = set()
+    for before, after in zip(snapshots[:-1], snapshots[1:]):
+        moved |= set(torch.nonzero(after != before).reshape(-1).tolist())
+    assert set(filled) <= moved and len(filled) == len(set(filled)) < 300
+    K = kernel(torch.as_tensor(X), torch.as_tensor(X)).numpy()
+    assert res.primal == pytest.approx(cvxpy_primal("hinge", K, y, c.numpy(), intercept=True), rel=1e-6)
+    np.testing.assert_allclose(res.state["f"].numpy(), K @ res.alpha.numpy(), atol=1e-9)
+
+
 def test_working_set_under_max_memory_gives_the_same_model(monkeypatch):
     """``max_memory`` bounds the kernel-column cache (here to 20 of 700 columns): same optimum."""
     from joker_ext import working_set as ws
