@@ -15,7 +15,7 @@ For each run the harness records
 Isolation: each run is a separate process. By default they are forked from a multiprocessing
 *forkserver* that imported torch, scikit-learn, Falkon and GPyTorch once (saving several seconds of
 imports per run); ``isolation='spawn'`` starts a fresh interpreter per run instead. A run that raises is
-recorded with status ``error`` and its message; a run that exceeds its budget ``spec.seconds`` is killed
+recorded with status ``error`` and its message; a run that exceeds its budget ``spec.seconds`` (``spec.hard_seconds``) is killed
 and recorded with status ``timeout``; a process that dies (e.g. out of memory) is recorded as ``crashed``
 with its exit code. ``results.csv`` is rewritten atomically after every run, so an interrupted
 comparison loses nothing already measured.
@@ -435,7 +435,9 @@ def _launch(ctx, job: Dict[str, Any], run_dir: Path, timeout: float) -> Dict[str
     if p.is_alive():
         p.kill()
         p.join(10)
-        status = ("timeout", f"killed after {timeout:.0f} s (budget: --seconds {job['spec']['seconds']:g})")
+        status = ("timeout", f"killed after {timeout:.0f} s (budget: --seconds {job['spec']['seconds']:g}"
+                             + (f", --max-time {job['spec']['max_time']:g}" if job["spec"].get("max_time") else "")
+                             + ")")
     wall = time.perf_counter() - t0
     if status is None and os.path.exists(result_path):
         with open(result_path) as fh:
@@ -600,7 +602,7 @@ def run_suite(
                     job = {"spec": run_spec.to_dict(), "backend": backend, "repeat": r, "run_id": run_id,
                            "data": prep.__dict__, "threads": threads,
                            "backend_modules": {b: BACKEND_MODULES[b] for b in spec.backends}}
-                    res = _launch(ctx, job, outp / "logs", run_spec.seconds + startup_grace)
+                    res = _launch(ctx, job, outp / "logs", run_spec.hard_seconds + startup_grace)
                     trace_file = ""
                     if res.get("trace"):
                         trace_file = str(Path("traces") / f"{run_id}.json")

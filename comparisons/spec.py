@@ -22,8 +22,10 @@ M
 budget
     ``iterations`` (each solver's own outer iterations: Joker block iterations, Falkon CG iterations,
     ADMM iterations, ...), ``epochs`` (passes over the data, for the stochastic solvers; Joker converts
-    them to block iterations) and ``seconds``: the hard wall-clock limit of one run, enforced by killing
-    its process; iterative backends are also told to stop by themselves after ``soft_seconds``.
+    them to block iterations), ``tol`` (each solver's own convergence test), ``max_time`` (seconds of
+    each fit: every iterative backend stops by itself after the iteration that reaches it; default
+    ``0.7 * seconds``) and ``seconds``: the hard wall-clock limit of one run, enforced by killing its
+    process. A solver stops at whichever of its budgets comes first, and says which in its notes.
 
 Sources of a spec: :func:`spec_from_args` (command-line flags), :func:`load_toml` (a TOML file, read with
 ``tomllib`` on Python >= 3.11 or ``tomli`` on 3.10) and :func:`quick_suite` (the default main job).
@@ -205,8 +207,14 @@ class ExperimentSpec:
         Budget in each solver's iterations, or in passes over the data.
     seconds : float
         Hard time limit of one run (its process is killed after that).
+    max_time : float, optional
+        Time budget of each fit in seconds: every iterative backend (Joker, EigenPro 2/3, ASkotch, DSG, the
+        ADMM SVM) stops by itself after the iteration in which its fit has run this long; the comparison at
+        equal time. Default: ``0.7 * seconds``. See :doc:`seed_solvers` for each solver's stopping rule.
     tol : float, optional
-        Convergence tolerance handed to solvers that have one (Joker: relative duality gap).
+        Convergence tolerance handed to solvers that have one (Joker: relative duality gap; EigenPro 2 and
+        ASkotch: relative residual; EigenPro 3: relative decrease of the residual per epoch; ADMM: its
+        primal / dual residual test).
     dtype : {'float32', 'float64'}
     device : str
     seed : int
@@ -240,6 +248,7 @@ class ExperimentSpec:
     iterations: Optional[int] = None
     epochs: Optional[float] = None
     seconds: float = 600.0
+    max_time: Optional[float] = None
     tol: Optional[float] = None
     dtype: str = "float64"
     device: str = "cpu"
@@ -292,6 +301,7 @@ class ExperimentSpec:
                                              allow_integral_float=True)
         self.epochs = check_positive("epochs", self.epochs, allow_none=True)
         self.seconds = check_positive("seconds", self.seconds)
+        self.max_time = check_positive("max_time", self.max_time, allow_none=True)
         self.tol = check_positive("tol", self.tol, allow_zero=True, allow_none=True)
         if self.dtype is None:
             raise _bad("dtype", f"one of {DTYPES}", None)
@@ -327,8 +337,19 @@ class ExperimentSpec:
 
     @property
     def soft_seconds(self) -> float:
-        """Time after which iterative backends stop by themselves (a margin before the hard kill)."""
+        """Time after which iterative backends stop by themselves: ``max_time``, else ``0.7 * seconds``
+        (a margin before the hard kill)."""
+        if self.max_time is not None:
+            return float(self.max_time)
         return max(1.0, 0.7 * self.seconds)
+
+    @property
+    def hard_seconds(self) -> float:
+        """When a run's process is killed: ``seconds``, raised to ``1.5 * max_time + 60`` when a larger
+        ``max_time`` is given (a solver stops only between iterations, then predicts)."""
+        if self.max_time is None:
+            return float(self.seconds)
+        return max(float(self.seconds), 1.5 * float(self.max_time) + 60.0)
 
     @property
     def label(self) -> str:
@@ -515,7 +536,11 @@ def build_parser(parser_class: type = argparse.ArgumentParser) -> argparse.Argum
     p.add_argument("--n-test", type=int, dest="n_test", help="test points (seeded subsample)")
     p.add_argument("--iterations", type=int, help="budget: each solver's iterations")
     p.add_argument("--epochs", type=float, help="budget: passes over the data (stochastic solvers)")
-    p.add_argument("--seconds", type=float, help="budget: hard time limit of one run in seconds")
+    p.add_argument("--seconds", type=float, help="budget: hard time limit of one run in seconds (its process "
+                                                  "is killed)")
+    p.add_argument("--max-time", type=float, dest="max_time",
+                   help="budget: seconds of each fit; every iterative solver stops by itself after the iteration "
+                        "that reaches it (default 0.7 * --seconds): one flag for a comparison at equal time")
     p.add_argument("--tol", type=float, help="solver tolerance (Joker: relative duality gap)")
     p.add_argument("--dtype", choices=DTYPES, help="floating point type (default float64)")
     p.add_argument("--device", help="torch device (default cpu)")
@@ -568,7 +593,7 @@ def _parse_M(text: str) -> List[Optional[int]]:
 
 #: Flags that map one-to-one onto spec fields.
 _FLAG_FIELDS = ("dataset", "task", "loss", "kernel", "sigma", "nu", "penalty", "n_train", "n_test", "iterations",
-                "epochs", "seconds", "tol", "dtype", "device", "seed", "repeats", "data_path", "epsilon", "delta",
+                "epochs", "seconds", "max_time", "tol", "dtype", "device", "seed", "repeats", "data_path", "epsilon", "delta",
                 "quantile")
 
 

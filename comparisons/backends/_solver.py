@@ -103,6 +103,24 @@ class SolverBackend(Backend):
             record(pending["info"], time_s=pending["time"])
         for text in getattr(self.solver_, "notes", []) or []:
             self.note(str(text))
+        self.note_stop()
+
+    def progress(self) -> str:
+        """How far the solver got, for the stopping note (e.g. '7.3 of 10 epochs')."""
+        return ""
+
+    def note_stop(self) -> None:
+        """Record which budget stopped the solver (``stop_reason_``) in params, and in the notes when it was
+        the time budget (the row is then an unfinished fit)."""
+        reason = getattr(self.solver_, "stop_reason_", None)
+        if reason is None:
+            return
+        self._params["stop_reason"] = reason
+        done = self.progress()
+        if done:
+            self._params["progress"] = done
+        if reason == "max_time" and not any(n.startswith("stopped by max_time") for n in self.notes):
+            self.note(f"stopped by max_time={self.spec.soft_seconds:g} s" + (f" after {done}" if done else ""))
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         import torch

@@ -3,8 +3,10 @@
 Full kernel ridge regression ``(K + lam I) w = y`` with ``lam = n * penalty``
 (:func:`joker_ext.conversions.penalty_to_askotch_lambda`): the same problem as Joker's squared loss with
 ``C = 1/(n penalty)``, Falkon with M = n and KernelRidge. M is not used (all n points).
-Budget: ``iterations`` = block iterations; ``epochs`` = passes (``epochs * n / block_size`` iterations);
-default 20 passes. Options: any keyword of :class:`~comparisons.solvers.askotch.ASkotch` (``rank``,
+Stopping rule: ``iterations`` block iterations, or ``epochs`` passes (``epochs * n / block_size``
+iterations; default 20 passes), or ``tol`` on the relative residual ``||(K + lam I) w - y|| / ||y||``
+(checked once per pass; none by default), or the time budget ``max_time`` (``spec.soft_seconds``),
+whichever comes first. Options: any keyword of :class:`~comparisons.solvers.askotch.ASkotch` (``rank``,
 ``block_size``, ``rho``, ``accelerated``, ...).
 """
 from __future__ import annotations
@@ -42,10 +44,8 @@ class ASkotchBackend(SolverBackend):
             max_iter = max(1, int(math.ceil(epochs * self.n / b)))
         if self.spec.M is not None:
             self.note(f"ASkotch solves full KRR on all n={self.n} points: M={self.spec.M} not used")
-        kw = dict(lam=lam, block_size=b, max_iter=max_iter, seed=int(self.spec.seed), dtype=self.torch_dtype,
-                  device=self.spec.device)
-        if self.spec.tol is not None:
-            kw["tol"] = self.spec.tol
+        kw = dict(lam=lam, block_size=b, max_iter=max_iter, tol=self.spec.tol, max_time=self.spec.soft_seconds,
+                  seed=int(self.spec.seed), dtype=self.torch_dtype, device=self.spec.device)
         kw.update({k: v for k, v in opts.items() if k != "block_size"})
         solver = cls(self.joker_kernel(), **kw)
         self._params = {"lam": lam, "block_size": b, "max_iter": kw["max_iter"], "M": self.n, "sigma": self.sigma,
@@ -58,5 +58,9 @@ class ASkotchBackend(SolverBackend):
         if hasattr(s, "n_iter_"):
             self._params["n_iter"] = int(s.n_iter_)
         hist = getattr(s, "history_", None) or []
-        if hist:
+        if len(hist) > 1:
             self._params["final_relative_residual"] = float(hist[-1][1])
+
+    def progress(self) -> str:
+        it, b = self.solver_.n_iter_, self._params["block_size"]
+        return f"{it} of {self._params['max_iter']} iterations ({it * b / self.n:.2f} passes)"

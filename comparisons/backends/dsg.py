@@ -5,8 +5,9 @@ Translation: the objective ``(1/n) sum_i l(y_i, f(x_i)) + (nu/2) ||f||^2`` with
 ``nu = 1/(n C) = penalty`` (:func:`joker_ext.conversions.C_to_dsg_nu`); losses squared (``(f - y)^2 / 2``,
 Joker's), hinge and logistic (binary only); the spec's kernel family and sigma. M is not used: the model
 grows by ``n_features_per_iter`` fresh random features per iteration (said in ``notes``).
-Budget: ``iterations`` = stochastic steps; ``epochs`` = passes (``epochs * n / batch_size`` steps);
-default 10 passes. Options: any keyword of
+Stopping rule: ``iterations`` stochastic steps, or ``epochs`` passes (``epochs * n / batch_size`` steps;
+default 10 passes), or the time budget ``max_time`` (``spec.soft_seconds``), whichever comes first (the
+method has no residual; ``tol`` is not used). Options: any keyword of
 :class:`~comparisons.solvers.dsg.DoublyStochasticGradient` (``theta``, ``eta``, ``batch_size``,
 ``n_features_per_iter``, ...).
 The convergence trace evaluates the intermediate models (``decision_function(X, n_iter=t)``) after the
@@ -54,7 +55,8 @@ class DSGBackend(SolverBackend):
             epochs = self.spec.epochs if self.spec.epochs is not None else DEFAULT_EPOCHS
             n_iter = max(1, int(math.ceil(epochs * self.n / batch)))
         kw: Dict[str, Any] = dict(sigma=self.sigma, loss=self.spec.effective_loss, nu=nu, n_iter=n_iter,
-                                  seed=int(self.spec.seed), dtype=self.torch_dtype, device=self.spec.device)
+                                  max_time=self.spec.soft_seconds, seed=int(self.spec.seed),
+                                  dtype=self.torch_dtype, device=self.spec.device)
         if self.spec.kernel == "matern":
             kw["matern_nu"] = self.spec.nu
         kw.update(opts)
@@ -86,3 +88,7 @@ class DSGBackend(SolverBackend):
                                      "metric": trace.metric_of(self.solver_.decision_function(Xq, n_iter=it))})
         for text in getattr(self.solver_, "notes", []) or []:
             self.note(str(text))
+        self.note_stop()
+
+    def progress(self) -> str:
+        return f"{self.solver_.n_iter_} of {self._params['n_iter']} steps"

@@ -12,7 +12,10 @@ Both solve least squares (the squared loss; -1/+1 targets for classification).
     EigenPro 3 over M centres drawn uniformly from the training points; it has no ridge term at all, so
     the penalty is not honoured (said in ``notes``).
 
-Budget: ``epochs`` (default 10 passes over the data); the solvers' own defaults for s, q, batch and step.
+Stopping rule: ``epochs`` passes over the data (default 10), ``tol`` (EigenPro 2: relative residual
+``||(K + r I) alpha - y|| / ||y||``; EigenPro 3: relative decrease of ``||K(X, Z) alpha - y|| / ||y||``
+over an epoch; none by default) or the time budget ``max_time`` (``spec.soft_seconds``), whichever comes
+first. The solvers' own defaults for s, q, batch and step.
 Options: any keyword of the solver's constructor (``n_nystrom``, ``top_q``, ``batch_size``, ``step``,
 ``projection``, ...).
 """
@@ -48,10 +51,8 @@ class EigenPro2Backend(SolverBackend):
         if self.spec.M is not None:
             self.note(f"EigenPro 2 uses all n={self.n} points: M={self.spec.M} not used")
         epochs = int(round(self.spec.epochs)) if self.spec.epochs is not None else DEFAULT_EPOCHS
-        kw = dict(ridge=ridge, epochs=max(1, epochs), seed=int(self.spec.seed), dtype=self.torch_dtype,
-                  device=self.spec.device)
-        if self.spec.tol is not None:
-            kw["tol"] = self.spec.tol
+        kw = dict(ridge=ridge, epochs=max(1, epochs), tol=self.spec.tol, max_time=self.spec.soft_seconds,
+                  seed=int(self.spec.seed), dtype=self.torch_dtype, device=self.spec.device)
         kw.update(opts)
         solver = cls(self.joker_kernel(), **kw)
         self._params = {"ridge": ridge, "epochs": kw["epochs"], "M": self.n, "sigma": self.sigma,
@@ -66,8 +67,11 @@ class EigenPro2Backend(SolverBackend):
                 v = getattr(s, attr)
                 self._params[attr.rstrip("_")] = float(v) if not isinstance(v, int) else v
         hist = getattr(s, "history_", None) or []
-        if hist:
+        if len(hist) > 1:
             self._params["final_relative_residual"] = float(hist[-1][1])
+
+    def progress(self) -> str:
+        return f"{self.solver_.epochs_done_:.2f} of {self._params['epochs']} epochs"
 
 
 class EigenPro3Backend(EigenPro2Backend):
@@ -81,8 +85,8 @@ class EigenPro3Backend(EigenPro2Backend):
         opts: Dict[str, Any] = dict(self.options)
         M = self.model_size()
         epochs = int(round(self.spec.epochs)) if self.spec.epochs is not None else DEFAULT_EPOCHS
-        kw = dict(n_centers=M, epochs=max(1, epochs), seed=int(self.spec.seed), dtype=self.torch_dtype,
-                  device=self.spec.device)
+        kw = dict(n_centers=M, epochs=max(1, epochs), tol=self.spec.tol, max_time=self.spec.soft_seconds,
+                  seed=int(self.spec.seed), dtype=self.torch_dtype, device=self.spec.device)
         kw.update(opts)
         solver = cls(self.joker_kernel(), **kw)
         self._params = {"epochs": kw["epochs"], "M": M, "sigma": self.sigma, **opts}

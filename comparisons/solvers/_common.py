@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import time
 from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -207,3 +208,54 @@ def scorer(kernel: Kernel, points: torch.Tensor, coef: torch.Tensor, dtype: torc
         return output_like(kernel.mmv(Xt, points, snap) + offset, X, squeeze)
 
     return predict
+
+
+class Stopwatch:
+    """Fit time of a solver without the time spent in its progress callbacks (which a harness evaluates off
+    its own clock), for the ``max_time`` stopping rule.
+
+    ``elapsed()`` is the seconds since construction minus those spent inside :meth:`call`;
+    ``call(callback, info)`` calls the callback (if any) off the clock.
+    """
+
+    def __init__(self, max_time: Optional[float] = None):
+        self.max_time = max_time
+        self._t0 = time.perf_counter()
+        self._outside = 0.0
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self._t0 - self._outside
+
+    def expired(self) -> bool:
+        """True when a time budget is set and the fit has used it up."""
+        return self.max_time is not None and self.elapsed() >= self.max_time
+
+    def call(self, callback: Optional[Callable[[Dict[str, Any]], Any]], info: Dict[str, Any]) -> None:
+        if callback is None:
+            return
+        t = time.perf_counter()
+        try:
+            callback(info)
+        finally:
+            self._outside += time.perf_counter() - t
+
+
+def check_max_time(value: Any) -> Optional[float]:
+    """``max_time``: None (no time budget) or a number of seconds > 0."""
+    return check_float(value, "max_time", low=0.0, low_inclusive=False, allow_none=True)
+
+
+class LazyValue:
+    """A number computed on first call only (a progress quantity such as a residual, which a caller that
+    times the fit evaluates off its clock). ``done`` says whether it was computed, ``value`` holds it."""
+
+    def __init__(self, fn: Callable[[], float]):
+        self._fn = fn
+        self.done = False
+        self.value = math.nan
+
+    def __call__(self) -> float:
+        if not self.done:
+            self.value = float(self._fn())
+            self.done = True
+        return self.value

@@ -56,7 +56,9 @@ from ._common import (
     check_int,
     check_callback,
     check_kernel,
+    check_max_time,
     output_like,
+    Stopwatch,
 )
 from .hss import HSSMatrix
 
@@ -105,6 +107,10 @@ class ADMMSVM:
     hss_options : dict, optional
         Keyword arguments of :meth:`HSSMatrix.from_kernel` (max_rank, rel_tol, leaf_size, ...), plus
         ``refine`` (iterative-refinement steps of each solve, default 0).
+    max_time : float, optional
+        Time budget in seconds (the factorisation included, callbacks excluded), checked after every
+        iteration. The stopping rule is ``max_iter`` iterations, the residual test (``converged=True``) or
+        ``max_time``, whichever comes first (``stop_reason_``).
     seed : int, default 0
     device, dtype : as usual.
 
@@ -116,6 +122,7 @@ class ADMMSVM:
     support_ : Tensor of indices with ``z > 0``
     n_iter_ : int
     history_ : list of (iteration, primal residual, dual residual)
+    stop_reason_ : {'max_iter', 'tol', 'max_time'}
     objective_ : float
         ``1/2 z^T Y K Y z - e^T z`` with the kernel used (K, or the HSS approximation in mode 'hss').
     notes : list of str
@@ -123,9 +130,10 @@ class ADMMSVM:
 
     def __init__(self, kernel: Kernel, C: float = 1.0, beta: Optional[float] = None, max_iter: int = 10,
                  converged: bool = False, tol: float = 1e-8, eps_abs: float = 1e-10, mode: str = "exact",
-                 hss_options: Optional[Dict[str, Any]] = None, seed: int = 0,
+                 hss_options: Optional[Dict[str, Any]] = None, max_time: Optional[float] = None, seed: int = 0,
                  device: Union[str, torch.device] = "cpu", dtype: torch.dtype = torch.float64):
         self.kernel = check_kernel(kernel)
+        self.max_time = check_max_time(max_time)
         self.C = check_float(C, "C", low=0.0, low_inclusive=False)
         self.beta = check_float(beta, "beta", low=0.0, low_inclusive=False, allow_none=True)
         self.max_iter = check_int(max_iter, "max_iter", low=1)
@@ -180,6 +188,7 @@ class ADMMSVM:
         so a caller that times the fit can call them off its clock.
         """
         callback = check_callback(callback)
+        watch = Stopwatch(self.max_time)
         X = as_matrix(X, "X", dtype=self.dtype, device=self.device)
         n = X.shape[0]
         ys, self.classes_ = binary_labels(y, n, dtype=self.dtype, device=self.device)
@@ -203,6 +212,7 @@ class ADMMSVM:
         history: List[Tuple[int, float, float]] = []
         sqn = math.sqrt(n)
         it = 0
+        stop_reason = "max_iter"
         for it in range(1, self.max_iter + 1):
             q = e + mu + beta * z
             u = solve(Y * q)  # Kb^{-1} Y q
@@ -215,15 +225,22 @@ class ADMMSVM:
             history.append((it, r_p, r_d))
             if callback is not None:
                 snap = _Snapshot(self, X, ys, z, matvec)
-                callback({"iteration": it, "primal_residual": r_p, "dual_residual": r_d,
-                          "predict": snap.predict, "objective": snap.objective})
+                watch.call(callback, {"iteration": it, "primal_residual": r_p, "dual_residual": r_d,
+                                      "predict": snap.predict, "objective": snap.objective})
             if self.converged:
                 eps_p = self.eps_abs * sqn + self.tol * max(float(x.norm()), float(z.norm()))
                 eps_d = self.eps_abs * sqn + self.tol * float(mu.norm())
                 if r_p <= eps_p and r_d <= eps_d:
+                    stop_reason = "tol"
                     break
-        if self.converged and it == self.max_iter:
+            if it < self.max_iter and watch.expired():
+                stop_reason = "max_time"
+                notes.append(f"stopped by max_time={self.max_time:g} s after {it} iterations (primal residual "
+                             f"{r_p:.1e}, dual residual {r_d:.1e})")
+                break
+        if self.converged and stop_reason == "max_iter":
             notes.append(f"converged mode stopped at max_iter={self.max_iter} before meeting tol={self.tol}")
+        self.stop_reason_ = stop_reason
         zy = (Y * z)
         Kzy = matvec(zy)[:, 0]
         self.intercept_ = self._bias(z[:, 0], ys, Kzy)

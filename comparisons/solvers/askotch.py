@@ -53,9 +53,12 @@ from ._common import (
     check_int,
     check_callback,
     check_kernel,
+    check_max_time,
+    LazyValue,
     make_generator,
     output_like,
     scorer,
+    Stopwatch,
 )
 
 __all__ = ["ASkotch", "nystrom_approximation"]
@@ -132,10 +135,14 @@ class ASkotch:
         ASkotch (True) or Skotch (False).
     max_iter : int, default 1000
         Block iterations.
-    tol : float, default 1e-8
-        Stop when ``||K w + lam w - y|| / ||y|| <= tol`` (checked every ``eval_every`` iterations).
+    tol : float or None, default 1e-8
+        Stop when ``||K w + lam w - y|| / ||y|| <= tol`` (checked every ``eval_every`` iterations); None: no
+        residual test (the residual is then computed only for the callback, which may do so off its clock).
     eval_every : int, optional
         Residual evaluation period; default ``max(1, n // block_size)`` (once per pass over the data).
+    max_time : float, optional
+        Time budget in seconds (set-up included, callbacks excluded), checked after every iteration. The
+        stopping rule is ``max_iter``, ``tol`` or ``max_time``, whichever comes first (``stop_reason_``).
     mu, nu : float, optional
         Acceleration parameters; defaults ``mu = lam``, ``nu = n / |b|``. ``mu < nu`` is required.
     power_iters : int, default 10
@@ -148,15 +155,19 @@ class ASkotch:
         Dual coefficients; ``f(x) = K(x, X) w``.
     history_ : list of (iteration, relative residual)
     n_iter_ : int
+    stop_reason_ : {'max_iter', 'tol', 'max_time', 'diverged'}
+    fit_seconds_ : float
+        The time ``max_time`` was compared with.
     notes : list of str
     """
 
     def __init__(self, kernel: Kernel, lam: float, block_size: Optional[int] = None, rank: int = 100,
                  rho: Union[str, float] = "damped", accelerated: bool = True, max_iter: int = 1000,
-                 tol: float = 1e-8, eval_every: Optional[int] = None, mu: Optional[float] = None,
-                 nu: Optional[float] = None, power_iters: int = 10, seed: int = 0,
-                 device: Union[str, torch.device] = "cpu", dtype: torch.dtype = torch.float64):
+                 tol: Optional[float] = 1e-8, eval_every: Optional[int] = None, mu: Optional[float] = None,
+                 nu: Optional[float] = None, power_iters: int = 10, max_time: Optional[float] = None,
+                 seed: int = 0, device: Union[str, torch.device] = "cpu", dtype: torch.dtype = torch.float64):
         self.kernel = check_kernel(kernel)
+        self.max_time = check_max_time(max_time)
         self.lam = check_float(lam, "lam", low=0.0, low_inclusive=False)
         self.block_size = check_int(block_size, "block_size", low=1, allow_none=True)
         self.rank = check_int(rank, "rank", low=1)
@@ -168,7 +179,7 @@ class ASkotch:
             raise TypeError(f"accelerated must be a bool, got {accelerated!r} ({type(accelerated).__name__})")
         self.accelerated = accelerated
         self.max_iter = check_int(max_iter, "max_iter", low=0)
-        self.tol = check_float(tol, "tol", low=0.0)
+        self.tol = check_float(tol, "tol", low=0.0, allow_none=True)
         self.eval_every = check_int(eval_every, "eval_every", low=1, allow_none=True)
         self.mu = check_float(mu, "mu", low=0.0, low_inclusive=False, allow_none=True)
         self.nu = check_float(nu, "nu", low=0.0, low_inclusive=False, allow_none=True)
@@ -187,9 +198,11 @@ class ASkotch:
         """Solve ``(K + lam I) w = y`` by (A)Skotch iterations; y is (n,) or (n, t).
 
         ``callback(info)``, if given, is called at every residual evaluation with ``info = {'iteration',
-        'relative_residual', 'predict'}`` (``predict(X)`` scores with the current iterate).
+        'relative_residual', 'predict'}`` (``predict(X)`` scores with the current iterate; the residual is
+        a number, or with ``tol=None`` a function computing it).
         """
         callback = check_callback(callback)
+        watch = Stopwatch(self.max_time)
         X = as_matrix(X, "X", dtype=self.dtype, device=self.device)
         n = X.shape[0]
         Y, self._one_d = as_targets(y, n, dtype=self.dtype, device=self.device)
@@ -217,6 +230,10 @@ class ASkotch:
             yk = w.clone()
         history: List[Tuple[int, float]] = [(0, 1.0)]
         it = 0
+        # the residual costs a pass of kernel products: on the clock only when tol needs it or there is no
+        # callback; otherwise the callback gets a function computing it (off its clock)
+        eager = self.tol is not None or callback is None
+        stop_reason = "max_iter"
         eye_b = torch.eye(b, dtype=self.dtype, device=self.device)
         for it in range(1, self.max_iter + 1):
             block = torch.randperm(n, generator=gen)[:b].to(self.device)
@@ -242,21 +259,33 @@ class ASkotch:
                 yk = alpha_acc * z + (1.0 - alpha_acc) * w
             else:
                 w[block] -= v
-            if it % eval_every == 0 or it == self.max_iter:
+            out_of_time = watch.expired()
+            if it % eval_every == 0 or it == self.max_iter or out_of_time:
                 if not torch.isfinite(w).all():
                     notes.append(f"diverged at iteration {it}")
+                    stop_reason = "diverged"
                     break
-                res = self._residual(X, w, Y, ynorm)
-                history.append((it, res))
+                res = LazyValue(lambda v=(w if eager else w.clone()): self._residual(X, v, Y, ynorm))
+                if eager:
+                    res()
                 if callback is not None:
-                    callback({"iteration": it, "relative_residual": res,
-                              "predict": scorer(self.kernel, X, w, self.dtype, self.device, self._one_d)})
-                if res <= self.tol:
+                    watch.call(callback, {"iteration": it, "relative_residual": res.value if res.done else res,
+                                          "predict": scorer(self.kernel, X, w, self.dtype, self.device,
+                                                            self._one_d)})
+                if res.done:
+                    history.append((it, res.value))
+                    if self.tol is not None and res.value <= self.tol:
+                        stop_reason = "tol"
+                        break
+                if out_of_time:
+                    stop_reason = "max_time"
                     break
         self.X_ = X
         self.w_ = w
         self.history_ = history
         self.n_iter_ = it
+        self.stop_reason_ = stop_reason
+        self.fit_seconds_ = watch.elapsed()
         self.block_size_ = b
         self.rank_ = r
         self.notes = notes

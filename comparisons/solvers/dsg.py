@@ -58,8 +58,10 @@ from ._common import (
     check_float,
     check_callback,
     check_int,
+    check_max_time,
     make_generator,
     output_like,
+    Stopwatch,
 )
 
 __all__ = ["DoublyStochasticGradient", "draw_features"]
@@ -140,6 +142,10 @@ class DoublyStochasticGradient:
         Smoothness for ``kernel_family='matern'`` (0.5, 1.5 or 2.5; default 1.5).
     keep_features : bool, default False
         Keep the training-time frequency cache (faster prediction, O(n_iter M d) memory).
+    max_time : float, optional
+        Time budget in seconds (callbacks excluded), checked after every step. The stopping rule is
+        ``n_iter`` steps or ``max_time``, whichever comes first (``stop_reason_``); the method has no
+        residual to test (its objective would need the whole growing model on all points).
     seed : int, default 0
     device, dtype : as usual.
 
@@ -149,14 +155,20 @@ class DoublyStochasticGradient:
         Raw block coefficients c_t; the model after iteration T is ``scale_[T] * sum_{t<T} c_t^T phi_t``.
     scale_ : Tensor (n_iter + 1,)
         Global shrinkage ``prod_{s<T} (1 - gamma_s nu)`` (lazy form of Algorithm 1's line 6).
+    n_iter_ : int
+        Steps made (fewer than ``n_iter`` when ``max_time`` stopped the fit).
+    stop_reason_ : {'n_iter', 'max_time', 'diverged'}
+    fit_seconds_ : float
     notes : list of str
     """
 
     def __init__(self, kernel_family: Union[str, StationaryKernel] = "gaussian", sigma: Any = 1.0,
                  loss: str = "squared", nu: float = 1e-4, theta: float = 1.0, eta: Optional[float] = None,
                  batch_size: int = 64, n_features_per_iter: int = 64, n_iter: int = 1000,
-                 matern_nu: Optional[float] = None, keep_features: bool = False, seed: int = 0,
+                 matern_nu: Optional[float] = None, keep_features: bool = False,
+                 max_time: Optional[float] = None, seed: int = 0,
                  device: Union[str, torch.device] = "cpu", dtype: torch.dtype = torch.float64):
+        self.max_time = check_max_time(max_time)
         if isinstance(kernel_family, StationaryKernel):
             self.kernel = kernel_family
         elif isinstance(kernel_family, str):
@@ -210,6 +222,7 @@ class DoublyStochasticGradient:
         any intermediate model exactly.
         """
         callback = check_callback(callback)
+        watch = Stopwatch(self.max_time)
         every = max(1, self.n_iter // 20) if callback_every is None else check_int(callback_every, "callback_every", low=1)
         X = as_matrix(X, "X", dtype=self.dtype, device=self.device)
         n, d = X.shape
@@ -238,6 +251,8 @@ class DoublyStochasticGradient:
         S = 1.0
         notes: List[str] = []
         norm = math.sqrt(2.0 * self.kernel.outputscale / M)
+        stop_reason = "n_iter"
+        T_done = 0
         for t in range(T):
             gamma = self.step_size(t)
             idx = torch.randint(0, n, (self.batch_size,), generator=gen).to(self.device)
@@ -270,12 +285,22 @@ class DoublyStochasticGradient:
             scale[t + 1] = S
             if not torch.isfinite(c_new).all():
                 notes.append(f"diverged at iteration {t}: lower theta")
+                stop_reason = "diverged"
+                T_done = t + 1
                 break
-            if callback is not None and ((t + 1) % every == 0 or t + 1 == T):
-                callback({"iteration": t + 1, "step": gamma})
+            T_done = t + 1
+            out_of_time = watch.expired()
+            if callback is not None and (T_done % every == 0 or T_done == T or out_of_time):
+                watch.call(callback, {"iteration": T_done, "step": gamma})
+            if out_of_time:
+                stop_reason = "max_time"
+                break
         self.n_features_in_ = d
-        self.coef_ = coef.reshape(T, M, k)
-        self.scale_ = scale
+        self.coef_ = coef[: T_done * M].reshape(T_done, M, k)
+        self.scale_ = scale[: T_done + 1]
+        self.n_iter_ = T_done
+        self.stop_reason_ = stop_reason
+        self.fit_seconds_ = watch.elapsed()
         self._cache = (W_all, b_all) if self.keep_features else None
         self.training_mode_ = 'incremental' if incremental else 'cached'
         self.notes = notes

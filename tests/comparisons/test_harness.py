@@ -256,6 +256,22 @@ def test_cli_flags():
         spec_from_args(["--option", "nodot=1"])
 
 
+def test_max_time_flag_reaches_every_iterative_backend(flights_small):
+    """--max-time is one flag for a comparison at equal time: each seed solver gets it as its time budget."""
+    specs, _ = spec_from_args(["--dataset", "flights", "--max-time", "42", "--seconds", "30"])
+    s = specs[0]
+    assert s.max_time == 42.0 and s.soft_seconds == 42.0
+    assert s.hard_seconds >= 1.5 * 42  # the kill leaves the solver time to stop and predict
+    assert ExperimentSpec(seconds=100).soft_seconds == 70.0 and ExperimentSpec(seconds=100).hard_seconds == 100.0
+    ds = flights_small
+    problem = Problem(ds.task, ds.n_train, ds.n_test, ds.n_features, ds.n_classes, ds.name)
+    for name in ("eigenpro2", "eigenpro3", "askotch", "dsg"):
+        b = backend_class(name)(s.replace(sigma=5.0, M=50), problem)
+        assert b.make_solver(b.solver_class(), None).max_time == 42.0, name
+    with pytest.raises(ValueError, match="max_time"):
+        ExperimentSpec(max_time=-1.0)
+
+
 def test_quick_suite_covers_the_required_backends():
     specs = quick_suite()
     names = {b for s in specs for b in s.backends}

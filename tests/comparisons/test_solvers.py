@@ -299,13 +299,65 @@ def test_progress_callbacks():
     seen = []
     ep = EigenPro2(k, epochs=3).fit(X, y, callback=seen.append)
     assert [i["epoch"] for i in seen] == [1, 2, 3]
-    assert seen[-1]["relative_residual"] == ep.history_[-1][1]
+    # without tol the residual is handed over as a function (a caller evaluates it off its clock)
+    res = seen[-1]["relative_residual"]()
+    reference = np.linalg.norm(_dense(k, X) @ ep.alpha_[:, 0].numpy() - y) / np.linalg.norm(y)
+    assert res == pytest.approx(reference, rel=1e-10)
     np.testing.assert_allclose(seen[-1]["predict"](X[:5]), ep.predict(X[:5]))
+    seen.clear()
+    ep = EigenPro2(k, epochs=3, tol=1e-12).fit(X, y, callback=seen.append)  # tol: computed by fit itself
+    assert seen[-1]["relative_residual"] == ep.history_[-1][1]
     seen.clear()
     ASkotch(k, 1.0, block_size=50, rank=10, max_iter=8, eval_every=4).fit(X, y, callback=seen.append)
     assert [i["iteration"] for i in seen] == [4, 8]
     with pytest.raises(TypeError, match="callback must be a callable"):
         EigenPro2(k).fit(X, y, callback=3)
+
+
+@pytest.mark.parametrize("name", ["eigenpro2", "eigenpro3", "askotch", "dsg", "admm"])
+def test_max_time_stops_each_solver_and_excludes_callbacks(name):
+    """The time budget ends the fit early (stop_reason_ says so) and a slow progress callback does not use it up:
+    the solver's clock excludes the callback (the harness evaluates its trace off the clock)."""
+    import time
+
+    X, y, k = _ep_problem(n=3000, d=5)
+    make = {
+        "eigenpro2": lambda t: EigenPro2(k, n_nystrom=300, ridge=3.0, epochs=10_000, batch_size=64, max_time=t),
+        "eigenpro3": lambda t: EigenPro3(k, n_centers=200, n_nystrom=300, epochs=10_000, batch_size=64, max_time=t),
+        "askotch": lambda t: ASkotch(k, 3.0, max_iter=10 ** 7, eval_every=10, tol=None, max_time=t),
+        "dsg": lambda t: DoublyStochasticGradient("gaussian", 1.0, nu=1e-3, n_iter=10 ** 6, max_time=t),
+        "admm": lambda t: ADMMSVM(k, C=1.0, converged=True, max_iter=10 ** 7, tol=0.0, eps_abs=0.0, max_time=t),
+    }[name]
+    target = np.sign(y) if name == "admm" else y
+    t0 = time.perf_counter()
+    m = make(0.5).fit(X, target)
+    wall = time.perf_counter() - t0
+    assert m.stop_reason_ == "max_time"
+    assert 0.5 <= wall < 10.0
+    # a callback that sleeps 0.2 s each time: the fit still gets its 1.5 s of work, so the wall time grows
+    calls = []
+    t0 = time.perf_counter()
+    m = make(1.5).fit(X, target, callback=lambda info: (calls.append(1), time.sleep(0.2)))
+    wall = time.perf_counter() - t0
+    assert m.stop_reason_ == "max_time" and len(calls) >= 1
+    assert wall >= 1.5 + 0.2 * len(calls) - 0.05
+
+
+def test_stopping_rules_epochs_tol():
+    X, y, k = _ep_problem(n=300)
+    ep = EigenPro2(k, ridge=3.0, epochs=4).fit(X, y)
+    assert ep.stop_reason_ == "epochs" and ep.epochs_done_ == 4
+    ep = EigenPro2(k, ridge=3.0, epochs=200, tol=1e-3).fit(X, y)
+    assert ep.stop_reason_ == "tol" and ep.history_[-1][1] <= 1e-3
+    # independent check of the residual the rule tested
+    r = (_dense(k, X) + 3.0 * np.eye(300)) @ ep.alpha_[:, 0].numpy() - y
+    assert np.linalg.norm(r) / np.linalg.norm(y) <= 1e-3
+    ep3 = EigenPro3(k, n_centers=50, epochs=500, tol=1e-3).fit(X, y)
+    assert ep3.stop_reason_ == "tol" and ep3.epochs_done_ < 500
+    ask = ASkotch(k, 1.0, block_size=50, rank=20, max_iter=5000, tol=1e-6).fit(X, y)
+    assert ask.stop_reason_ == "tol" and ask.history_[-1][1] <= 1e-6
+    assert ASkotch(k, 3.0, max_iter=7, tol=None).fit(X, y).stop_reason_ == "max_iter"
+    assert DoublyStochasticGradient("gaussian", 1.0, nu=1e-3, n_iter=5).fit(X, y).n_iter_ == 5
 
 
 @pytest.mark.parametrize(
