@@ -47,7 +47,7 @@ import torch
 from .engines import Monitor, register_solver, sigint_as_flag
 from .losses import Loss
 from .memory import is_out_of_memory
-from .newton_exact import cholesky_shifted, newton_direction
+from .newton_exact import cholesky_shifted, cholesky_solve, newton_direction
 from .solver import SolverOptions, SolverResult, orthant_box
 
 __all__ = ["active_set", "supports_active_set"]
@@ -139,11 +139,11 @@ class _Column:
         L = cholesky_shifted(H)
         del H
         if self.intercept:
-            sol = torch.cholesky_solve(torch.stack([rhs, torch.ones_like(rhs)], dim=1), L)
+            sol = cholesky_solve(torch.stack([rhs, torch.ones_like(rhs)], dim=1), L)
             b = float((sol[:, 0].sum() + fixed_sum - self.total) / sol[:, 1].sum())
             a[free] = sol[:, 0] - b * sol[:, 1]
             return a, b
-        a[free] = torch.cholesky_solve(rhs.unsqueeze(1), L).squeeze(1)
+        a[free] = cholesky_solve(rhs.unsqueeze(1), L).squeeze(1)
         return a, 0.0
 
     def _intercept_without_free(self, a, s, abar) -> float:
