@@ -123,8 +123,9 @@ def resolve_solver(name: str, mode: str, n: int, itemsize: int, loss=None, max_m
     ``'auto'`` takes a second-order engine where it was measured to converge fast, ``'dbcd_tr'`` elsewhere:
 
     * exact kernels, losses whose conjugate is linear on its box (hinge, epsilon-insensitive, absolute,
-      pinball): ``'working_set'``, which never forms ``K`` (measured at n = 4000 with intercept: 1.7-2.9 s
-      where ``'active_set'`` took 3-47 s, docs/math.rst);
+      pinball): ``'working_set'``, which reads ``K`` by rows (all of it, lazily, when ``n^2`` numbers fit
+      half the budget; else an LRU cache of rows), so any ``n`` fits (measured at n = 4000 with intercept:
+      0.5-0.8 s where ``'active_set'`` took 3-47 s, docs/math.rst);
     * exact kernels, when the ``n x n`` matrix and a factor (``2 n^2`` numbers) fit ``max_memory``
       (default :data:`DEFAULT_EXACT_MEMORY`): ``'active_set'`` for the other losses whose conjugate is
       quadratic on its box (squared, Huber, squared hinge), ``'newton'`` for the other smooth ones
