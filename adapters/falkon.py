@@ -709,11 +709,12 @@ class JokerFalkon(_FalkonFace):
         ``error_fn`` sees the predictions of every rank's ``Xts`` together and rank 0 prints; ``weight_fn``
         gets global row indices; ``beta_`` holds the rank's own rows. Not with ``features='exact'``.
     solver : str, default 'auto' (keyword only)
-        The engine (:mod:`joker_ext.engines`). 'auto' takes the Newton engine for smooth losses (squared,
-        logistic, Huber, squared hinge): then ``maxiter`` counts Newton iterations, Falkon's own outer
+        The engine (:mod:`joker_ext.engines`). 'auto' takes the Newton engine with features (Nystrom or
+        random, every loss; the kinked ones through a centred smoothing continuation) and the exact-kernel
+        engines with ``features='exact'``: then ``maxiter`` counts Newton iterations, Falkon's own outer
         iterations (each solves its Newton system by preconditioned CG to an inexact-Newton tolerance).
-        With ``solver='dbcd_tr'`` (and, under 'auto', for the losses with kinks) ``maxiter`` counts epochs
-        as described next. ``solver_`` holds the engine used.
+        With ``solver='dbcd_tr'`` ``maxiter`` counts epochs as described next. ``solver_`` holds the engine
+        used.
     maxiter : int, default 20
         With ``solver='dbcd_tr'``: Falkon's iteration budget, counted in **epochs**: the fit runs ``maxiter * epochs_per_iter`` passes
         over the training data (default 2 per iteration, 40 in all), each visiting the ``ceil(n / b)`` blocks
@@ -986,11 +987,10 @@ class JokerLogisticFalkon(_FalkonFace):
         See :func:`translate_loss`. LogisticLoss takes labels -1/+1 (as Falkon);
         WeightedCrossEntropyLoss(neg_weight) takes 0/1 labels and weighs the 0 class by ``neg_weight``.
         Any other joker_ext margin loss ('hinge', 'squared_hinge') follows the same path ('hinge' goes to
-        DBCD-TR under ``solver='auto'``).
+        the Newton engine under ``solver='auto'``, as every loss with features).
     solver : str, default 'auto' (keyword only)
-        The engine of every stage (:func:`joker_ext.engines.resolve_solver`): 'auto' takes 'newton' for
-        smooth losses (logistic, squared hinge) and 'dbcd_tr' for losses with kinks; ``solver_`` holds
-        the engine used.
+        The engine of every stage (:func:`joker_ext.engines.resolve_solver`): 'auto' takes 'newton' with
+        features, for every loss; ``solver_`` holds the engine used.
     distributed : bool, default False (keyword only)
         As :class:`JokerFalkon`: rows sharded over the processes of a ``torch.distributed`` group.
     features, block_size, tol, max_time, device, dtype

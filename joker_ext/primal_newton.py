@@ -19,6 +19,16 @@ One Newton iteration:
    ``max_cg`` products; each product is one pass, which also accumulates ``Phi d`` for free;
 3. an Armijo search on ``P_s(beta + t d)``: with ``Phi d`` known, every trial is O(n), no pass.
 
+Kinked losses (hinge, absolute, pinball, epsilon-insensitive) are smoothed by ``s (a - a_k)^2 / (2 c)`` in
+the conjugate: a proximal-point step on the dual, centred at the dual solution ``a_k`` of the last smoothed
+problem (``a_k = 0`` at first). In the primal this is the loss's Moreau envelope evaluated at
+``f - s a_k / c``, so :meth:`~joker_ext.losses.Loss.smoothed_dual` serves unchanged. Each time a smoothed
+problem is solved (:meth:`joker_ext.smoothing.Continuation.solved`) the centre moves to its solution and
+``s`` is halved (:data:`SMOOTHING_FACTOR`). The centring is what makes the continuation converge: the
+proximal point iteration converges for any fixed ``s``, so ``s`` need not reach zero before the gap
+closes, and the smoothed problems stay well conditioned for longer. The gap is always that of the
+original problem at ``(beta, a)``: ``a`` is feasible for it whatever ``s`` and ``a_k``.
+
 When the primal is a quadratic (the squared loss: ``w`` does not depend on ``f``) the first Newton step
 is the whole solve: its conjugate gradients run until the duality gap at the iterate, which a quadratic
 gives in O(n + M) from the CG residual (:func:`_gap_test`), reaches ``tol``; a second gradient pass
@@ -77,6 +87,11 @@ RESIDENT_BYTES = 2 * 2**30
 POLL_EVERY = 4
 #: Tightest relative residual asked of the conjugate gradients when the products run in float32.
 LOW_PRECISION_CG_TOL = 1e-4
+#: Division of the smoothing each time a smoothed problem is solved (kinked losses). With the smoothing
+#: centred at the last dual solution, 2 took 49-70 Newton iterations to a gap of 1e-8 on the hinge,
+#: absolute, pinball and epsilon-insensitive losses (n = 3000, M = 300, C = 10), 3 took 56-86, 10 (and no
+#: centring) did not get below 3e-2 in 100.
+SMOOTHING_FACTOR = 2.0
 
 
 def default_rank(n_features: int, device=None) -> int:
@@ -381,7 +396,7 @@ class _Passes:
             return self.X.index_select(0, idx.to(self.X.device))
         return self.data.take(idx).to(self.basis.input_dtype)
 
-    def gradient(self, beta: torch.Tensor, smoothing: float) -> dict:
+    def gradient(self, beta: torch.Tensor, smoothing: float, shift: Optional[torch.Tensor] = None) -> dict:
         """``f = Phi beta``, ``a* = a(f)``, ``w``, ``Phi^T a*`` and the pieces of the duality gap (``beta`` in
         the internal basis)."""
         n, T = self.Y.shape
@@ -395,7 +410,8 @@ class _Passes:
                 G = self.buffer(stop - start, beta.dtype).copy_(G)
             Fc = G @ bt
             F[start:stop] = Fc
-            a, w = self.loss.smoothed_dual(Fc, self.Y[start:stop], self.c[start:stop], smoothing)
+            Fs = Fc if shift is None else Fc - shift[start:stop]
+            a, w = self.loss.smoothed_dual(Fs, self.Y[start:stop], self.c[start:stop], smoothing)
             A[start:stop], W[start:stop] = a, w
             acc.addmm_(G.T, a)
             del G
@@ -558,7 +574,7 @@ def _gap_test(loss: Loss, Y, c_col, beta, F, tol: float, shards: SingleProcess):
 
 
 def _line_search(loss: Loss, Y, c_col, beta, D, F, Z, grad, smoothing: float,
-                 shards: SingleProcess) -> Optional[float]:
+                 shards: SingleProcess, shift: Optional[torch.Tensor] = None) -> Optional[float]:
     """Armijo step length on ``P_s(beta + t D)`` (every trial O(n): ``Phi (beta + t D) = F + t Z``)."""
     slope = float((grad * D).sum())
     if not slope < 0:
@@ -567,6 +583,8 @@ def _line_search(loss: Loss, Y, c_col, beta, D, F, Z, grad, smoothing: float,
 
     def value(t):
         f = F + t * Z
+        if shift is not None:
+            f = f - shift
         a, _ = loss.smoothed_dual(f, Y, c_col, smoothing)
         (terms,) = shards.sum_many(loss.smoothed_value(f, Y, c_col, a, smoothing).sum().reshape(1))
         return 0.5 * (bb + 2 * t * bd + t * t * dd) + float(terms)
@@ -632,7 +650,10 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
         s0 = 0.0
     # a quadratic primal is solved by one conjugate-gradient run that stops at the duality gap itself
     quadratic = not shards.any(not constant_curvature(loss, Y, c_col))
-    smoothing = Continuation(s0)
+    smoothing = Continuation(s0, factor=SMOOTHING_FACTOR)
+    # the smoothing term s (a - a_k)^2 / (2 c) is centred at the last smoothed problem's dual solution a_k (a
+    # proximal point step on the dual): the primal loss is then evaluated at f - shift, shift = s a_k / c
+    center, shift = None, None
     rank = min(M, opts.newton_rank or default_rank(M, device))
     gen = torch.Generator().manual_seed(int(opts.seed))
     # the sketch's test matrix is drawn where it is used
@@ -653,7 +674,7 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
     with sigint_as_flag(opts.handle_sigint) as sig:
         try:
             while True:
-                g = passes.gradient(beta, smoothing.value)
+                g = passes.gradient(beta, smoothing.value, shift)
                 alpha, state = g["A"], {"beta": basis.to_external(beta)}
                 gap = g["primal"] + g["dual"]
                 rel = gap / torch.maximum(g["primal"].abs(), g["dual"].abs()).clamp_min(torch.finfo(dtype).tiny)
@@ -661,8 +682,11 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
                                  smoothing=smoothing.value, passes=passes.passes)
                 if smoothing.active:
                     solve_error = 0.5 * float((g["grad"] * g["grad"]).sum())
-                    if smoothing.update(solve_error, float(g["share"].sum())):
-                        continue  # re-evaluate at the smaller smoothing before stepping
+                    if smoothing.solved(solve_error, float(g["share"].sum())):
+                        # the subproblem is solved: a smaller smoothing, centred at its dual solution
+                        center = g["A"]
+                        shift = smoothing.value * center / c_col
+                        continue  # re-evaluate at the new centre before stepping
                 reason = shards.agree(mon.stop_reason(rec, state, alpha, sig.flag))
                 if reason is not None or it >= opts.max_iter:
                     status = reason or "max_iter"
@@ -679,10 +703,11 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
                 else:
                     eta, still_open = min(0.1, max(cg_floor, math.sqrt(max(float(rel.max()), 0.0)))), None
                 D, Z = _pcg(passes, g["grad"], g["W"], precond, eta, opts.max_cg, still_open)
-                t = _line_search(loss, Y, c_col, beta, D, g["F"], Z, g["grad"], smoothing.value, shards)
+                t = _line_search(loss, Y, c_col, beta, D, g["F"], Z, g["grad"], smoothing.value, shards, shift)
                 it += 1
                 if t is None:
                     if smoothing.active and smoothing.update(0.0, 1.0):
+                        shift = None if center is None else smoothing.value * center / c_col
                         continue
                     status = "converged" if float(rel.max()) <= max(opts.tol, 1e3 * torch.finfo(dtype).eps) \
                         else "stalled"

@@ -5,7 +5,9 @@ have a primal loss with kinks, where Newton's method has no second derivative to
 instead the problem whose conjugate terms carry ``smoothing / (2 c_i) a^2`` (the loss's Moreau envelope,
 see :meth:`joker_ext.losses.Loss.smoothed_dual`), whose dual variables stay feasible for the original
 problem, and drive ``smoothing`` to zero: every smoothed solution gives a certificate (the duality gap of
-the original problem at ``alpha = a(f)``), and the loop ends when that gap meets the tolerance.
+the original problem at ``alpha = a(f)``), and the loop ends when that gap meets the tolerance. The
+feature Newton engine also centres the smoothing at the last smoothed problem's dual solution,
+``smoothing / (2 c_i) (a - a_k)^2`` (a proximal point step on the dual, :mod:`joker_ext.primal_newton`).
 
 Smooth losses (squared, Huber, squared hinge, logistic) take ``smoothing = 0`` from the start: their
 primal is once differentiable with a semismooth derivative, and Newton's method with a line search
@@ -51,6 +53,15 @@ class Continuation:
     @property
     def active(self) -> bool:
         return self.value > 0
+
+    def solved(self, solve_error: float, smoothing_share: float) -> bool:
+        """True when the smoothed problem counts as solved (``solve_error <= ratio * smoothing_share``);
+        the smoothing is then divided by ``factor`` (not below ``floor``) and the caller moves the centre of
+        the smoothing to the solution (a proximal point step, see :mod:`joker_ext.primal_newton`)."""
+        if solve_error > self.ratio * smoothing_share:
+            return False
+        self.value = max(self.floor, self.value / self.factor)
+        return True
 
     def update(self, solve_error: float, smoothing_share: float) -> bool:
         """Decrease the smoothing when ``solve_error <= ratio * smoothing_share``; return whether it changed."""

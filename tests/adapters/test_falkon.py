@@ -244,9 +244,9 @@ def test_logistic_newton_stages_continue_from_the_previous_stage(fk, fopt):
         assert _rel(warm.predict(X), cold.predict(X)) < 1e-4
         short = JokerLogisticFalkon(kern, [1e-4], [2], loss, 100, features=features, **kw).fit(X, Y)
         assert short.n_iter_ == 2 and short.status_ == "max_iter"
-    # a loss with a kink goes to DBCD-TR under 'auto'
+    # a loss with a kink goes to the Newton engine too under 'auto' (centred smoothing)
     hinge = JokerLogisticFalkon(kern, [1e-3], [2], "hinge", 50, seed=2, options=fopt).fit(X, Y)
-    assert hinge.solver_ == "dbcd_tr"
+    assert hinge.solver_ == "newton"
 
 
 def test_weighted_cross_entropy_equals_logistic_falkon(fk, fopt):

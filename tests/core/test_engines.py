@@ -56,7 +56,7 @@ def test_exact_newton_squared_is_kernel_ridge_in_one_iteration():
     np.testing.assert_allclose(m.alpha[:, 0].numpy(), krr.dual_coef_, rtol=1e-8, atol=1e-10)
 
 
-@pytest.mark.parametrize("name", SMOOTH)
+@pytest.mark.parametrize("name", SMOOTH + KINKED)
 def test_feature_newton_reaches_the_cvxpy_optimum_of_the_feature_problem(name):
     pytest.importorskip("cvxpy")
     loss, X, y = _problem(name, n=200, seed=1)
@@ -357,7 +357,7 @@ def test_auto_policy_and_registry():
     assert resolve_solver("auto", "exact", 10**6, 8, sq) == "dbcd_tr"  # K does not fit the default budget
     assert resolve_solver("auto", "exact", 1000, 8, sq, max_memory=1000) == "dbcd_tr"
     assert resolve_solver("auto", "features", 10**7, 4, get_loss("logistic")) == "newton"
-    assert resolve_solver("auto", "features", 1000, 8, hinge) == "dbcd_tr"
+    assert resolve_solver("auto", "features", 1000, 8, hinge) == "newton"  # centred smoothing: every loss
     assert "newton" in available_solvers("features") and "dbcd_tr" in available_solvers("exact")
     with pytest.raises(ValueError, match="solver must be one of"):
         get_solver("lbfgs", "exact")
