@@ -4,7 +4,7 @@ Full kernel ridge regression ``(K + lam I) w = y`` with ``lam = n * penalty``
 (:func:`joker_ext.conversions.penalty_to_askotch_lambda`): the same problem as Joker's squared loss with
 ``C = 1/(n penalty)``, Falkon with M = n and KernelRidge. M is not used (all n points).
 Stopping rule: ``iterations`` block iterations, or ``epochs`` passes (``epochs * n / block_size``
-iterations; default 20 passes), or ``tol`` on the relative residual ``||(K + lam I) w - y|| / ||y||``
+iterations; default 10 passes), or ``tol`` on the relative residual ``||(K + lam I) w - y|| / ||y||``
 (checked once per pass; none by default), or the time budget ``max_time`` (``spec.soft_seconds``),
 whichever comes first. Options: any keyword of :class:`~comparisons.solvers.askotch.ASkotch` (``rank``,
 ``block_size``, ``rho``, ``accelerated``, ...).
@@ -18,7 +18,9 @@ from ._solver import SolverBackend
 
 __all__ = ["ASkotchBackend"]
 
-DEFAULT_EPOCHS = 20
+#: Default passes over the data: on flights (n = 20,000, Gaussian sigma 1, penalty 1e-5) the test RMSE settles
+#: after 5-6 passes (20 passes: 48.63 against KernelRidge's 48.74); each pass costs n^2 kernel entries.
+DEFAULT_EPOCHS = 10
 
 
 class ASkotchBackend(SolverBackend):

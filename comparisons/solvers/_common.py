@@ -259,3 +259,29 @@ class LazyValue:
             self.value = float(self._fn())
             self.done = True
         return self.value
+
+
+#: Rows on which a progress callback's residual is estimated (the exact one costs a pass over all n^2 entries).
+RESIDUAL_ROWS = 2000
+
+
+def residual_rows(n: int, seed: int) -> Optional[torch.Tensor]:
+    """A fixed random subset of ``RESIDUAL_ROWS`` of the n training rows (None when n is not larger): the
+    rows on which a solver estimates, for its progress callback, ``||(K + r I) a - y|| / ||y||`` (cost
+    ``RESIDUAL_ROWS * n`` kernel entries instead of ``n^2``). Drawn from its own generator, so that the
+    solver's random stream does not depend on whether a callback is given."""
+    if n <= RESIDUAL_ROWS:
+        return None
+    g = torch.Generator().manual_seed(int(seed) + 7919)
+    return torch.randperm(n, generator=g)[:RESIDUAL_ROWS].sort().values
+
+
+def relative_residual(kernel: Kernel, X: torch.Tensor, a: torch.Tensor, Y: torch.Tensor, ridge: float,
+                      rows: Optional[torch.Tensor] = None) -> float:
+    """``||(K(X, X) + ridge I) a - Y|| / ||Y||``, or the same restricted to ``rows`` (an estimate)."""
+    if rows is None:
+        r = kernel.mmv(X, X, a) + ridge * a - Y
+        return float(r.norm() / Y.norm().clamp_min(1e-300))
+    rows = rows.to(X.device)
+    r = kernel.mmv(X[rows], X, a) + ridge * a[rows] - Y[rows]
+    return float(r.norm() / Y[rows].norm().clamp_min(1e-300))

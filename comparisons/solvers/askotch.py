@@ -57,6 +57,8 @@ from ._common import (
     LazyValue,
     make_generator,
     output_like,
+    relative_residual,
+    residual_rows,
     scorer,
     Stopwatch,
 )
@@ -137,7 +139,8 @@ class ASkotch:
         Block iterations.
     tol : float or None, default 1e-8
         Stop when ``||K w + lam w - y|| / ||y|| <= tol`` (checked every ``eval_every`` iterations); None: no
-        residual test (the residual is then computed only for the callback, which may do so off its clock).
+        residual test (the residual is then computed only for the callback, which may do so off its clock,
+        and estimated on a fixed random subset of 2000 rows when n is larger).
     eval_every : int, optional
         Residual evaluation period; default ``max(1, n // block_size)`` (once per pass over the data).
     max_time : float, optional
@@ -233,6 +236,7 @@ class ASkotch:
         # the residual costs a pass of kernel products: on the clock only when tol needs it or there is no
         # callback; otherwise the callback gets a function computing it (off its clock)
         eager = self.tol is not None or callback is None
+        rows = None if eager else residual_rows(n, self.seed)
         stop_reason = "max_iter"
         eye_b = torch.eye(b, dtype=self.dtype, device=self.device)
         for it in range(1, self.max_iter + 1):
@@ -265,7 +269,10 @@ class ASkotch:
                     notes.append(f"diverged at iteration {it}")
                     stop_reason = "diverged"
                     break
-                res = LazyValue(lambda v=(w if eager else w.clone()): self._residual(X, v, Y, ynorm))
+                if eager:
+                    res = LazyValue(lambda: self._residual(X, w, Y, ynorm))
+                else:  # for the callback only: estimated on a fixed subset of rows
+                    res = LazyValue(lambda v=w.clone(): relative_residual(self.kernel, X, v, Y, self.lam, rows))
                 if eager:
                     res()
                 if callback is not None:
