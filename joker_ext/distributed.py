@@ -125,9 +125,12 @@ class RowShards(SingleProcess):
 
     # ---------------------------------------------------------------- collectives
     def _to_comm(self, tensor: torch.Tensor):
-        if tensor.device == self.comm_device and tensor.is_contiguous():
+        """The tensor on a device the backend reduces on (NCCL: the tensor's own GPU, else the current one;
+        Gloo: the host), contiguous; and whether it is a copy."""
+        target = tensor.device if (self.backend == "nccl" and tensor.is_cuda) else self.comm_device
+        if tensor.device == target and tensor.is_contiguous():
             return tensor, False
-        return tensor.to(self.comm_device).contiguous(), True
+        return tensor.to(target).contiguous(), True
 
     def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
         """All-reduce ``tensor`` (sum over ranks) in place and return it."""
