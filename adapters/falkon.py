@@ -54,7 +54,7 @@ from joker_ext.data import BlockData
 from joker_ext.distributed import SingleProcess, row_shards
 from joker_ext.engines import resolve_solver
 from joker_ext.features import FeatureMap, NystromFeatureMap, make_feature_map
-from joker_ext.kernels import CallableKernel, Kernel, StationaryKernel, keops_available
+from joker_ext.kernels import CallableKernel, Kernel, StationaryKernel, keops_available, matern_family
 from joker_ext.losses import Loss, get_loss
 from joker_ext.memory import plan_blocks
 from joker_ext.model import KernelModel, default_block_size, fit_dual
@@ -184,12 +184,9 @@ def translate_kernel(kernel, options=None) -> Kernel:
     if cls is fk.LaplacianKernel:
         return StationaryKernel("laplacian", _falkon_sigma(kernel))
     if cls is fk.MaternKernel:
-        nu = float(kernel.nondiff_params.get("nu", getattr(kernel, "nu", float("nan"))))
-        if math.isinf(nu):
-            return StationaryKernel("gaussian", _falkon_sigma(kernel))
-        if nu not in (0.5, 1.5, 2.5):
-            raise ValueError(f"MaternKernel nu must be 0.5, 1.5, 2.5 or inf, got {nu!r}")
-        return StationaryKernel("matern", _falkon_sigma(kernel), nu)
+        family, nu = matern_family(kernel.nondiff_params.get("nu", getattr(kernel, "nu", float("nan"))),
+                                   "MaternKernel")
+        return StationaryKernel(family, _falkon_sigma(kernel), nu)
     name = f"falkon.{cls.__name__}" if cls.__module__.startswith("falkon") else f"{cls.__module__}.{cls.__name__}"
     return CallableKernel(_FalkonEvaluation(kernel, options), name=name)
 

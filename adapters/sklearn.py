@@ -38,7 +38,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from joker_ext.kernels import CallableKernel, Kernel, StationaryKernel, SumKernel
+from joker_ext.kernels import CallableKernel, Kernel, StationaryKernel, SumKernel, matern_family
 
 __all__ = ["translate_kernel", "pairwise_kernel", "SklearnKernel", "SklearnPairwiseKernel", "kernel_spec",
            "kernel_from_spec"]
@@ -237,12 +237,8 @@ def translate_kernel(kernel) -> Kernel:
     if cls is gpk.RBF:
         return StationaryKernel("gaussian", _length_scale(kernel))
     if cls is gpk.Matern:
-        nu = float(kernel.nu)
-        if math.isinf(nu):
-            return StationaryKernel("gaussian", _length_scale(kernel))
-        if nu not in (0.5, 1.5, 2.5):
-            raise ValueError(f"Matern nu must be 0.5, 1.5, 2.5 or inf to translate, got nu={kernel.nu!r}")
-        return StationaryKernel("matern", _length_scale(kernel), nu)
+        family, nu = matern_family(kernel.nu, "Matern")
+        return StationaryKernel(family, _length_scale(kernel), nu)
     if cls is gpk.WhiteKernel:
         raise ValueError(
             "WhiteKernel is zero between two different sets of points, so it changes nothing in a kernel "

@@ -44,6 +44,7 @@ __all__ = [
     "CallableKernel",
     "make_kernel",
     "median_heuristic",
+    "matern_family",
     "keops_available",
     "as_kernel",
     "register_kernel_translator",
@@ -306,6 +307,20 @@ def LaplacianKernel(sigma: ArrayLike = 1.0, outputscale: float = 1.0) -> Station
 def LaplacianL1Kernel(sigma: ArrayLike = 1.0, outputscale: float = 1.0) -> StationaryKernel:
     """``outputscale * exp(-||x - y||_1 / sigma)`` (Manhattan distance, as scikit-learn's laplacian)."""
     return StationaryKernel("laplacian_l1", sigma, None, outputscale)
+
+
+def matern_family(nu, owner: str = "Matern") -> tuple:
+    """``(family, nu)`` of a :class:`StationaryKernel` for another library's Matern kernel of smoothness ``nu``.
+
+    ``nu = inf`` is the Gaussian kernel (``('gaussian', None)``); 0.5, 1.5 and 2.5 are ``('matern', nu)``.
+    ``owner`` names the kernel class in the ValueError raised for any other ``nu``.
+    """
+    nu = float(nu)
+    if math.isinf(nu):
+        return "gaussian", None
+    if nu not in MATERN_NUS:
+        raise ValueError(f"{owner} nu must be 0.5, 1.5, 2.5 or inf, got {nu!r}")
+    return "matern", nu
 
 
 def MaternKernel(sigma: ArrayLike = 1.0, nu: float = 1.5, outputscale: float = 1.0) -> StationaryKernel:
