@@ -53,7 +53,7 @@ from joker_ext.conversions import penalty_to_C
 from joker_ext.data import BlockData
 from joker_ext.distributed import SingleProcess, row_shards
 from joker_ext.engines import resolve_solver
-from joker_ext.features import FeatureMap, NystromFeatureMap, make_feature_map
+from joker_ext.features import FeatureMap, NystromFeatureMap, feature_mode_options, make_feature_map
 from joker_ext.kernels import CallableKernel, Kernel, StationaryKernel, keops_available, matern_family
 from joker_ext.losses import Loss, get_loss
 from joker_ext.memory import plan_blocks
@@ -517,8 +517,8 @@ class _FalkonFace(BaseEstimator):
             # Features of float32 data are evaluated in float32 (the trigonometric functions dominate their
             # cost) and solved in the solver's precision.
             fmap: Optional[FeatureMap] = make_feature_map(
-                kernel, int(M_eff), form="cos" if features == "cos" else "cossin", orthogonal=features == "orf",
-                seed=seed, compute_dtype=torch.float32 if X.dtype == torch.float32 and dtype == torch.float64 else None)
+                kernel, int(M_eff), **feature_mode_options(features), seed=seed,
+                compute_dtype=torch.float32 if X.dtype == torch.float32 and dtype == torch.float64 else None)
         elif features == "nystrom":
             fmap = NystromFeatureMap(kernel, centers)
         else:

@@ -71,7 +71,7 @@ import numpy as np
 import torch
 
 from joker_ext.data import BlockData
-from joker_ext.features import ConcatFeatureMap, FeatureMap, RandomFeatureMap
+from joker_ext.features import FeatureMap, RandomFeatureMap, feature_mode_options, sum_feature_map
 from joker_ext.kernels import (
     CallableKernel,
     GaussianKernel,
@@ -309,15 +309,8 @@ def random_feature_map(kernel: Kernel, n_features: int, *, form: str = "cossin",
         return _ColumnsFeatureMap(random_feature_map(kernel.base, n_features, form=form, orthogonal=orthogonal,
                                                      seed=seed), kernel.dims)
     if isinstance(kernel, SumKernel):
-        k = len(kernel.parts)
-        if n_features < k:
-            raise ValueError(f"n_features must be at least the number of kernel parts ({k}), got {n_features}")
-        sizes = [n_features // k + (1 if j < n_features % k else 0) for j in range(k)]
-        base = 0 if seed is None else int(seed)
-        return ConcatFeatureMap([
-            random_feature_map(p, m, form=form, orthogonal=orthogonal, seed=base + 7919 * j)
-            for j, (p, m) in enumerate(zip(kernel.parts, sizes))
-        ])
+        return sum_feature_map(kernel.parts, n_features, seed, lambda p, m, s: random_feature_map(
+            p, m, form=form, orthogonal=orthogonal, seed=s))
     name = kernel.name if isinstance(kernel, CallableKernel) else type(kernel).__name__
     raise ValueError(
         f"random features (n_features={n_features}) need RBF, Matern or RQ kernels (with ScaleKernel, sums and "
@@ -840,9 +833,7 @@ class JokerGP(torch.nn.Module):
             data = BlockData(X_tensor, dtype, device)
             self.feature_map_ = None
         else:
-            self.feature_map_ = random_feature_map(
-                self.kernel_, int(self.n_features), form="cos" if self.features == "cos" else "cossin",
-                orthogonal=self.features == "orf", seed=self.seed)
+            self.feature_map_ = self._random_feature_map()
         opts = self._options(n, loss, exact)
         model = fit_dual(data, Y.reshape(n, 1), loss=loss, c=c, kernel=self.kernel_, feature_map=self.feature_map_,
                          options=opts, dtype=dtype, device=device)
@@ -880,6 +871,11 @@ class JokerGP(torch.nn.Module):
         check_positive("max_time", self.max_time, allow_none=True)
         check_positive_int("seed", self.seed, low=0)
         check_positive("C", self.C, allow_none=True)
+
+    def _random_feature_map(self) -> FeatureMap:
+        """The random-feature map of ``kernel_`` for ``n_features``, ``features`` and ``seed``."""
+        return random_feature_map(self.kernel_, int(self.n_features), **feature_mode_options(self.features),
+                                  seed=self.seed)
 
     def _options(self, n: int, loss: Loss, exact: bool) -> SolverOptions:
         dtype = check_dtype(self.dtype)
@@ -930,9 +926,7 @@ class JokerGP(torch.nn.Module):
         self._mean_eval = self._mean_snapshot()
         self.loss_ = self._resolve_loss(self._likelihood_kind())
         if self.beta_.numel() > 0:
-            self.feature_map_ = random_feature_map(
-                self.kernel_, int(self.n_features), form="cos" if self.features == "cos" else "cossin",
-                orthogonal=self.features == "orf", seed=self.seed)
+            self.feature_map_ = self._random_feature_map()
         else:
             self.feature_map_ = None
 

@@ -29,13 +29,14 @@ same seed gives the same features on every device and dtype.
 from __future__ import annotations
 
 import math
-from typing import List, Optional
+from typing import Callable, List, Optional, Sequence
 
 import torch
 
 from .kernels import CallableKernel, Kernel, StationaryKernel, SumKernel
 
-__all__ = ["FeatureMap", "RandomFeatureMap", "ConcatFeatureMap", "NystromFeatureMap", "make_feature_map"]
+__all__ = ["FeatureMap", "RandomFeatureMap", "ConcatFeatureMap", "NystromFeatureMap", "make_feature_map",
+           "sum_feature_map", "feature_mode_options"]
 
 FEATURE_FORMS = ("cos", "cossin")
 #: Rows per block of :meth:`RandomFeatureMap.pass_features` on the CPU (``X W`` of a block stays in cache).
@@ -369,6 +370,32 @@ class NystromFeatureMap(FeatureMap):
         return torch.linalg.solve_triangular(self.R.to(beta), beta, upper=True)
 
 
+#: Seed offset between the parts of a sum kernel's features (a prime, so parts never share draws).
+PART_SEED_STRIDE = 7919
+
+
+def feature_mode_options(features: str) -> dict:
+    """``form`` and ``orthogonal`` of :func:`make_feature_map` for the estimators' ``features`` parameter:
+    'cos' -> random-phase cosines, 'orf' -> orthogonal cos/sin pairs, 'cossin' -> cos/sin pairs."""
+    return {"form": "cos" if features == "cos" else "cossin", "orthogonal": features == "orf"}
+
+
+def sum_feature_map(parts: Sequence[Kernel], n_features: int, seed: Optional[int],
+                    part_map: Callable[[Kernel, int, int], FeatureMap]) -> "ConcatFeatureMap":
+    """Random features of a sum of kernels: the concatenation of its parts' maps.
+
+    ``n_features`` is split evenly (the first ``n_features % k`` parts take one more); part ``j`` is drawn
+    with seed ``seed + PART_SEED_STRIDE * j`` by ``part_map(part, n_features_j, seed_j)``.
+    """
+    k = len(parts)
+    if n_features < k:
+        raise ValueError(f"n_features must be at least the number of kernel parts ({k}), got {n_features}")
+    sizes = [n_features // k + (1 if j < n_features % k else 0) for j in range(k)]
+    base = 0 if seed is None else int(seed)
+    return ConcatFeatureMap([part_map(p, m, base + PART_SEED_STRIDE * j)
+                             for j, (p, m) in enumerate(zip(parts, sizes))])
+
+
 def make_feature_map(
     kernel: Kernel,
     n_features: int,
@@ -383,16 +410,8 @@ def make_feature_map(
         return RandomFeatureMap(kernel, n_features, form=form, orthogonal=orthogonal, seed=seed,
                                 compute_dtype=compute_dtype)
     if isinstance(kernel, SumKernel) and kernel.supports_random_features:
-        k = len(kernel.parts)
-        if n_features < k:
-            raise ValueError(f"n_features must be at least the number of kernel parts ({k}), got {n_features}")
-        sizes = [n_features // k + (1 if j < n_features % k else 0) for j in range(k)]
-        base = 0 if seed is None else int(seed)
-        return ConcatFeatureMap([
-            make_feature_map(p, m, form=form, orthogonal=orthogonal and p.family != "laplacian_l1",
-                             seed=base + 7919 * j, compute_dtype=compute_dtype)
-            for j, (p, m) in enumerate(zip(kernel.parts, sizes))
-        ])
+        return sum_feature_map(kernel.parts, n_features, seed, lambda p, m, s: make_feature_map(
+            p, m, form=form, orthogonal=orthogonal and p.family != "laplacian_l1", seed=s, compute_dtype=compute_dtype))
     kind = kernel.name if isinstance(kernel, CallableKernel) else type(kernel).__name__
     raise ValueError(
         f"random features (n_features={n_features}) need a stationary kernel or a sum of them; "
