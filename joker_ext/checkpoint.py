@@ -205,8 +205,7 @@ def save_estimator(estimator, path: PathLike) -> Path:
 def load_estimator(path: PathLike):
     """Rebuild an estimator saved by :func:`save_estimator`; it predicts exactly as the saved one."""
     from .data import resolve_device, resolve_dtype
-    from .features import make_feature_map
-    from .kernels import StationaryKernel, kernel_from_description
+    from .kernels import kernel_from_description
 
     obj = load_checkpoint(path, kind="estimator")
     meta = json.loads(obj["meta"])
@@ -221,12 +220,7 @@ def load_estimator(path: PathLike):
     if "kernel" not in params:
         params["kernel"] = meta["kernel_param"] if meta.get("kernel_param") is not None else kernel
     est = cls(**params)
-    est.kernel_ = kernel
-    if isinstance(kernel, StationaryKernel):
-        s = kernel.sigma
-        est.sigma_ = float(s) if s.numel() == 1 else s.numpy().copy()
-    else:
-        est.sigma_ = None
+    est._set_fitted_kernel(kernel)  # kernel_, sigma_, gamma_, feature_map_ as at fit
     est.dtype_ = resolve_dtype(est.dtype)
     est.device_ = resolve_device(est.device)
     est.loss_ = est._loss_object()
@@ -237,12 +231,6 @@ def load_estimator(path: PathLike):
     est._y_1d = meta["y_1d"]
     for k, v in meta["fit"].items():
         setattr(est, k, v)
-    if est.n_features is None:
-        est.feature_map_ = None
-    else:
-        form = "cos" if est.features == "cos" else "cossin"
-        est.feature_map_ = make_feature_map(est.kernel_, int(est.n_features), form=form,
-                                            orthogonal=est.features == "orf", seed=est._seed())
     if "classes" in obj:
         est.classes_ = obj["classes"].numpy()
     elif "classes" in meta:
@@ -252,10 +240,6 @@ def load_estimator(path: PathLike):
         est.intercept_ = est._format_intercept(obj["intercept"].numpy())
     else:
         est.intercept_ = None
-    fam = getattr(est.kernel_, "family", None)
-    sig = est.sigma_
-    est.gamma_ = (1.0 / (2.0 * sig**2) if fam == "gaussian" else 1.0 / sig) \
-        if fam in ("gaussian", "laplacian_l1") and isinstance(sig, float) else None
     est._model_cache = None
     est._model_cache = est._model()
     return est

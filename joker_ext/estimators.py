@@ -36,7 +36,7 @@ from .checkpoint import register_estimator
 from .conversions import gamma_to_sigma
 from .data import BlockData, resolve_device, resolve_dtype
 from .distributed import SingleProcess, row_shards
-from .features import ConcatFeatureMap, FeatureMap, make_feature_map
+from .features import ConcatFeatureMap, FeatureMap, feature_mode_options, make_feature_map
 from .kernels import Kernel, StationaryKernel, SumKernel, as_kernel, make_kernel, median_heuristic
 from .losses import Loss, get_loss
 from .engines import default_max_iter, resolve_solver, supports_intercept
@@ -297,6 +297,28 @@ class _JokerBase(BaseEstimator):
             )
         return get_loss(self.loss, delta=self.delta, epsilon=self.epsilon, quantile=self.quantile)
 
+    def _set_fitted_kernel(self, kernel: Kernel) -> None:
+        """Set ``kernel_`` and what follows from it (at fit and at :func:`~joker_ext.checkpoint.load_estimator`):
+        ``sigma_`` (stationary kernels), ``gamma_`` (Gaussian or L1-Laplacian with one bandwidth: scikit-learn's
+        ``rbf``/``laplacian`` gamma) and ``feature_map_`` (with ``n_features``)."""
+        self.kernel_ = kernel
+        if isinstance(kernel, StationaryKernel):
+            s = kernel.sigma
+            self.sigma_ = float(s) if s.dim() == 0 or s.numel() == 1 else s.numpy().copy()
+        else:
+            self.sigma_ = None
+        self.gamma_ = None
+        if isinstance(kernel, StationaryKernel) and isinstance(self.sigma_, float):
+            if kernel.family == "gaussian":
+                self.gamma_ = 1.0 / (2.0 * self.sigma_ ** 2)
+            elif kernel.family == "laplacian_l1":
+                self.gamma_ = 1.0 / self.sigma_
+        if self.n_features is None:
+            self.feature_map_ = None
+        else:
+            self.feature_map_ = make_feature_map(kernel, int(self.n_features), **feature_mode_options(self.features),
+                                                 seed=self._seed())
+
     def _seed(self) -> int:
         rs = self.random_state
         if rs is None:
@@ -435,24 +457,7 @@ class _JokerBase(BaseEstimator):
         Xk, Yk, wk = (X, Y, w) if keep.all() else (X[keep], Y[keep], w[keep])
         # rows over all ranks (an empty shard, e.g. all its weights zero, is an error on every rank)
         n_all = shards.plan(Xk.shape[0], Xk.shape[1]) if shards.distributed else Xk.shape[0]
-        self.kernel_ = self._build_kernel(Xk, shards)
-        if isinstance(self.kernel_, StationaryKernel):
-            s = self.kernel_.sigma
-            self.sigma_ = float(s) if s.dim() == 0 or s.numel() == 1 else s.numpy().copy()
-        else:
-            self.sigma_ = None
-        self.gamma_ = None
-        if isinstance(self.kernel_, StationaryKernel) and isinstance(self.sigma_, float):
-            if self.kernel_.family == "gaussian":
-                self.gamma_ = 1.0 / (2.0 * self.sigma_ ** 2)
-            elif self.kernel_.family == "laplacian_l1":
-                self.gamma_ = 1.0 / self.sigma_
-        if self.n_features is None:
-            self.feature_map_ = None
-        else:
-            form = "cos" if self.features == "cos" else "cossin"
-            self.feature_map_ = make_feature_map(self.kernel_, int(self.n_features), form=form,
-                                                 orthogonal=self.features == "orf", seed=self._seed())
+        self._set_fitted_kernel(self._build_kernel(Xk, shards))
         self.loss_ = loss
         c = torch.as_tensor(self.C * wk, dtype=torch.float64)
         self.solver_ = self._engine(n_all, loss)
