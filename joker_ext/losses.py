@@ -549,19 +549,13 @@ def infimal_convolution(first: Loss, second: Loss) -> InfimalConvolution:
     return InfimalConvolution(first, second)
 
 
-def _smoothed_dual_bisection(loss: Loss, f: Tensor, y: Tensor, c: Tensor, lo: Tensor, hi: Tensor,
-                             smoothing: float, iters: int = 100) -> Tensor:
-    """``argmin_{lo <= a <= hi} a f + g(a) + smoothing a^2 / (2c)`` by bisection on its (sub)derivative
-    ``f - y + psi'(a) + kink sign(a) + smoothing a / c``, which is nondecreasing in ``a``."""
-    k = loss.kink
+def _bisect_nondecreasing(slope, lo: Tensor, hi: Tensor, scale: Tensor, iters: int):
+    """Bracket and bisect the root of a nondecreasing ``slope`` on the box ``[lo, hi]`` (sides may be infinite).
 
-    def slope(a):
-        d = f - y + loss.psi_grad(a, y, c) + smoothing * a / c
-        if k:
-            d = d + k * torch.sign(a)
-        return d
-
-    scale = 1.0 + (y - f).abs() + c
+    An infinite side starts at ``-scale`` / ``scale`` and doubles (at most 200 times) until ``slope`` has the
+    sign there that brackets the root. Returns ``(a_lo, a_hi, a)``: the finite bracket ends and the midpoint
+    after ``iters`` halvings.
+    """
     a_lo = torch.where(torch.isinf(lo), -scale, lo)
     a_hi = torch.where(torch.isinf(hi), scale, hi)
     for _ in range(200):  # widen unbounded sides until they bracket the root
@@ -577,7 +571,22 @@ def _smoothed_dual_bisection(loss: Loss, f: Tensor, y: Tensor, c: Tensor, lo: Te
         up = slope(mid) < 0
         left = torch.where(up, mid, left)
         right = torch.where(up, right, mid)
-    a = 0.5 * (left + right)
+    return a_lo, a_hi, 0.5 * (left + right)
+
+
+def _smoothed_dual_bisection(loss: Loss, f: Tensor, y: Tensor, c: Tensor, lo: Tensor, hi: Tensor,
+                             smoothing: float, iters: int = 100) -> Tensor:
+    """``argmin_{lo <= a <= hi} a f + g(a) + smoothing a^2 / (2c)`` by bisection on its (sub)derivative
+    ``f - y + psi'(a) + kink sign(a) + smoothing a / c``, which is nondecreasing in ``a``."""
+    k = loss.kink
+
+    def slope(a):
+        d = f - y + loss.psi_grad(a, y, c) + smoothing * a / c
+        if k:
+            d = d + k * torch.sign(a)
+        return d
+
+    a_lo, a_hi, a = _bisect_nondecreasing(slope, lo, hi, 1.0 + (y - f).abs() + c, iters)
     a = torch.where(slope(a_lo) >= 0, a_lo, torch.where(slope(a_hi) <= 0, a_hi, a))
     if k:
         # the kink: a = 0 exactly when 0 lies in the subdifferential there
@@ -593,36 +602,16 @@ def _biconjugate_value(loss: Loss, y: Tensor, f: Tensor, iters: int = 200) -> Te
     y = y.to(torch.float64)
     f = f.to(y)
     one = torch.ones_like(y)
-    lo, hi = loss.box(y, one)
     r = y - f
 
-    def slope(a):
-        d = r - loss.psi_grad(a, y, one)
+    def slope(a):  # minus the derivative of the concave objective: nondecreasing
+        d = loss.psi_grad(a, y, one) - r
         if loss.kink:
-            d = d - loss.kink * torch.sign(a)
+            d = d + loss.kink * torch.sign(a)
         return d
 
-    # Bracket unbounded sides by doubling.
-    big = 1.0 + r.abs()
-    lo = torch.where(torch.isinf(lo), -big, lo)
-    hi = torch.where(torch.isinf(hi), big, hi)
-    for _ in range(200):
-        need_lo = (slope(lo) < 0) & torch.isfinite(lo)
-        need_hi = (slope(hi) > 0) & torch.isfinite(hi)
-        lo_box, hi_box = loss.box(y, one)
-        grow_lo = need_lo & torch.isinf(lo_box)
-        grow_hi = need_hi & torch.isinf(hi_box)
-        if not (grow_lo.any() or grow_hi.any()):
-            break
-        lo = torch.where(grow_lo, 2.0 * lo, lo)
-        hi = torch.where(grow_hi, 2.0 * hi, hi)
-    a_lo, a_hi = lo.clone(), hi.clone()
-    for _ in range(iters):
-        mid = 0.5 * (a_lo + a_hi)
-        up = slope(mid) > 0
-        a_lo = torch.where(up, mid, a_lo)
-        a_hi = torch.where(up, a_hi, mid)
-    cands = torch.stack([lo, hi, 0.5 * (a_lo + a_hi)])
+    lo, hi, a = _bisect_nondecreasing(slope, *loss.box(y, one), 1.0 + r.abs(), iters)
+    cands = torch.stack([lo, hi, a])
     vals = cands * r - loss.psi(cands, y, one)
     if loss.kink:
         vals = vals - loss.kink * cands.abs()
