@@ -123,6 +123,11 @@ class _Column:
         value = torch.where(code == LOWER, self.lo, torch.where(code == UPPER, self.hi, torch.zeros_like(target)))
         return code, sgn, value
 
+    def status(self, a):
+        """``(code, sgn, value)`` of the point ``a`` itself: at ``lo``, at ``hi``, at the kink or free (on the
+        side of its sign)."""
+        return self._sets(a, torch.sign(a) if self.kink else torch.ones_like(a))
+
     def solve(self, code, sgn, value, s, abar) -> Tuple[torch.Tensor, float]:
         """The point with the fixed coordinates at ``value`` and the free ones (and b) solving the KKT system."""
         free = torch.nonzero(code == FREE).reshape(-1)

@@ -49,7 +49,7 @@ from typing import Optional
 
 import torch
 
-from .active_set import (SIGMA_FLOOR, SIGMA_START, _Column, _certify, box_qp_inputs, next_sigma,
+from .active_set import (FREE, SIGMA_FLOOR, SIGMA_START, _Column, _certify, box_qp_inputs, next_sigma,
                          supports_active_set)
 from .engines import DEFAULT_EXACT_MEMORY, WORKING_SET_SIZE, Monitor, register_solver, sigint_as_flag
 from .losses import Loss
@@ -74,6 +74,8 @@ FLOOR_DECAY = 3.0
 SIGMA_CEILING = 10.0
 #: Factor by which a subproblem raises its proximal weight when its active sets cycle.
 ESCALATE = 3.0
+#: The first step of a subproblem frees at most this many violators (times ``max(1, |free| / FIRST_FREE)``).
+FIRST_FREE = 64
 
 
 def supports_working_set(loss: Loss) -> bool:
@@ -194,6 +196,28 @@ def _best_intercept(bounds, b_sub: float) -> float:
     return min(max(b_sub, hi), lo)
 
 
+def _first_sets(sub: _Column, a, f, b: float, sigma: float):
+    """The sets of a subproblem's first active-set step: the prox-gradient prediction at ``a``, except that of
+    the coordinates it would move off their current status only the ``FIRST_FREE`` worst violators do (the
+    others keep theirs). Freeing every violator of ``B`` at once factors ``|B|`` coordinates, most of which the
+    next steps send back to a bound."""
+    s = sigma / sub.c
+    pred = sub.predict(a, f, b, s, a)
+    cur = sub.status(a)
+    changed = (pred[0] != cur[0]) | (pred[1] != cur[1])
+    free = int((cur[0] == FREE).sum())
+    keep = FIRST_FREE * max(1, free // FIRST_FREE)
+    idx = torch.nonzero(changed).reshape(-1)
+    if idx.numel() <= keep:
+        return pred
+    lower, upper = sub.intercept_bounds(a, f + sub.h * a - sub.lin)
+    violation = torch.maximum(lower - b, b - upper)[idx]
+    stay = idx[torch.argsort(violation, descending=True)[keep:]]
+    code, sgn, value = (t.clone() for t in pred)
+    code[stay], sgn[stay], value[stay] = cur[0][stay], cur[1][stay], cur[2][stay]
+    return code, sgn, value
+
+
 def _subproblem(col: _Column, K_BB, B, a, f, b: float, sigma: float, floor: float):
     """Proximal active-set rounds on the block ``B`` (``K_BB`` its kernel block); returns the new ``a_B``, the
     subproblem's intercept and the next proximal weight."""
@@ -202,7 +226,11 @@ def _subproblem(col: _Column, K_BB, B, a, f, b: float, sigma: float, floor: floa
     sub = _Column(K_BB, K_BB.diagonal().clone(), col.loss, col.y[B], col.c[B], col.intercept,
                   offset=f[B] - fB,
                   total=float(aB.sum()))
-    sets, settled = None, 0
+    sets, settled = _first_sets(sub, aB, fB, b, sigma), 0
+    # a set of mostly violators gets one settled round (the next working set brings other violators); a set
+    # of mostly free coordinates is the problem restricted to its support vectors: SUB_ROUNDS rounds
+    free = int(((aB > col.lo[B]) & (aB < col.hi[B]) & (aB != 0)).sum())
+    rounds = SUB_ROUNDS if 2 * free >= B.numel() else 1
     for _ in range(SUB_ROUNDS + MAX_ESCALATIONS):
         out = sub.round(aB, fB, b, aB.clone(), sigma / sub.c, *(sets or (None, None, None)))
         if out is None:  # the sets cycle: a more diagonal round, same centre (cheap next to a fallback)
@@ -221,7 +249,7 @@ def _subproblem(col: _Column, K_BB, B, a, f, b: float, sigma: float, floor: floa
             fin = sub.round(aB, fB, b, aB.clone(), SIGMA_FLOOR * col.scale / sub.c, *sets)
             if fin is not None and fin[3] <= 1:
                 aB, fB, b, _, sets = fin
-        if steps <= 1 or settled == SUB_ROUNDS:
+        if steps <= 1 or settled == rounds:
             break
     return aB, b, max(sigma, floor / 10.0), floor  # the next subproblem starts near what settled here
 
