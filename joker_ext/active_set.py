@@ -353,13 +353,10 @@ def active_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: 
 
     Parameters
     ----------
-    operator : ExactOperator
-        Gives the kernel matrix (:meth:`~joker_ext.operators.ExactOperator.gram`).
-    Y : Tensor (n, T)
+    operator, Y, c :
+        As in :func:`~joker_ext.newton_exact.exact_newton`.
     loss : Loss
         With ``loss.quadratic`` (a conjugate that is quadratic or linear on its box).
-    c : Tensor (n,)
-        ``c_i = C w_i > 0``.
     options : SolverOptions
         ``max_iter`` proximal rounds, ``tol`` on the relative duality gap, ``max_time``, ``seed`` (the
         row sample of the start).
@@ -399,39 +396,55 @@ def active_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: 
                     if n > BASE_ROWS and bool(torch.isfinite(col.hi - col.lo).any()):  # sets to find
                         F0 = _coarse_start(K, diagK, loss.column(t), Y[:, t], c_col, intercept, generator)
                         sets[t] = col.initial_sets(F0)
-            rec = _certify(mon, loss, Y, F, alpha, b_all, c_col, it, state, sigma)
-            reason = "converged" if rec["rel_gap"] <= opts.tol else None
-            while reason is None and it < opts.max_iter:
-                for t, col in enumerate(columns):
-                    if rec["column_rel_gap"][t] <= opts.tol:
-                        continue
-                    a, f = alpha[:, t], F[:, t]
-                    out = col.round(a, f, float(b_all[t]), a.clone(), sigma[t] / c_col,
-                                    *(sets[t] or (None, None, None)))
-                    if out is None and not failed[t]:  # the sets cycle: a more diagonal round, same centre
-                        sigma[t], failed[t] = max(sigma[t] * 10.0, SIGMA_START * col.scale), True
-                        continue
-                    if out is None:  # cycling twice: a monotone projected-Newton solve of the round instead
-                        a_n, f_n, b_n = col.newton_round(a.clone(), f.clone(), sigma[t] / c_col, a.clone())
-                        alpha[:, t], F[:, t], b_all[t] = a_n, f_n, b_n
-                        sets[t] = col.predict(a_n, f_n, b_n, sigma[t] / c_col, a_n)
-                        failed[t] = False
-                        continue
+
+            def solve_column(t: int, col: _Column) -> None:
+                a, f = alpha[:, t], F[:, t]
+                s = sigma[t] / c_col
+                out = col.round(a, f, float(b_all[t]), a.clone(), s, *(sets[t] or (None, None, None)))
+                if out is None and not failed[t]:  # the sets cycle: a more diagonal round, same centre
+                    sigma[t], failed[t] = max(sigma[t] * 10.0, SIGMA_START * col.scale), True
+                elif out is None:  # cycling twice: a monotone projected-Newton solve of the round instead
+                    a_n, f_n, b_n = col.newton_round(a.clone(), f.clone(), s, a.clone())
+                    alpha[:, t], F[:, t], b_all[t] = a_n, f_n, b_n
+                    sets[t] = col.predict(a_n, f_n, b_n, s, a_n)
+                    failed[t] = False
+                else:
                     failed[t] = False
                     sigma[t] = next_sigma(sigma[t], out[3], SIGMA_FLOOR * col.scale)
                     alpha[:, t], F[:, t], b_all[t], _, sets[t] = out
-                it += 1
-                rec = _certify(mon, loss, Y, F, alpha, b_all, c_col, it, state, sigma)
-                reason = mon.stop_reason(rec, state, alpha, sig.flag)
-                if reason is None and all(s <= SIGMA_FLOOR * col.scale for s, col in zip(sigma, columns)) \
-                        and rec["rel_gap"] <= max(opts.tol, 1e3 * torch.finfo(dtype).eps):
-                    reason = "converged"  # at the smallest proximal weight the gap is at the rounding floor
+
+            def at_floor(rec: dict) -> bool:  # at the smallest proximal weight the gap is at the rounding floor
+                return all(s <= SIGMA_FLOOR * col.scale for s, col in zip(sigma, columns)) \
+                    and rec["rel_gap"] <= max(opts.tol, 1e3 * torch.finfo(dtype).eps)
+
+            reason, it, rec = outer_loop(mon, opts, loss, Y, F, alpha, b_all, c_col, it, state, sigma, columns,
+                                         solve_column, lambda: sig.flag, at_floor)
             status = reason or "max_iter"
         except (RuntimeError, MemoryError) as exc:
             if not is_out_of_memory(exc):
                 raise
             status = "out_of_memory"
     return mon.result(alpha, state, it, status, rec)
+
+
+def outer_loop(mon: Monitor, opts: SolverOptions, loss: Loss, Y, F, alpha, b, c, it: int, state: dict, sigma,
+               columns, solve_column, interrupted=lambda: False, converged=lambda rec: False):
+    """The outer loop shared by the box-QP engines: certify ``(alpha, F = K alpha, b)``; then, until a stop,
+    ``solve_column(t, columns[t])`` (which updates ``alpha``, ``F``, ``b`` and ``sigma`` in place) for every
+    column whose relative gap is above ``opts.tol``, and certify again. ``converged(rec)``: an engine's own
+    convergence test after the monitor's. Returns ``(reason, it, rec)``."""
+    rec = _certify(mon, loss, Y, F, alpha, b, c, it, state, sigma)
+    reason = "converged" if rec["rel_gap"] <= opts.tol else None
+    while reason is None and it < opts.max_iter:
+        for t, col in enumerate(columns):
+            if rec["column_rel_gap"][t] > opts.tol:
+                solve_column(t, col)
+        it += 1
+        rec = _certify(mon, loss, Y, F, alpha, b, c, it, state, sigma)
+        reason = mon.stop_reason(rec, state, alpha, interrupted())
+        if reason is None and converged(rec):
+            reason = "converged"
+    return reason, it, rec
 
 
 def _certify(mon: Monitor, loss: Loss, Y, F, alpha, b, c, iteration: int, state: dict, sigma) -> dict:

@@ -49,7 +49,7 @@ from typing import Optional
 
 import torch
 
-from .active_set import (FREE, SIGMA_FLOOR, SIGMA_START, _Column, _certify, box_qp_inputs, next_sigma,
+from .active_set import (FREE, SIGMA_FLOOR, SIGMA_START, _Column, box_qp_inputs, next_sigma, outer_loop,
                          supports_active_set)
 from .engines import DEFAULT_EXACT_MEMORY, WORKING_SET_SIZE, Monitor, register_solver, sigint_as_flag
 from .losses import Loss
@@ -303,34 +303,28 @@ def _decompose(src: _KernelRows, diagK, loss: Loss, Y, c_col, alpha, F, intercep
     b_all = torch.zeros(T, dtype=dtype, device=device)
     if intercept:
         b_all = torch.tensor([_best_intercept(bounds[t], 0.0) for t in range(T)], dtype=dtype, device=device)
-    rec = _certify(mon, loss, Y, F, alpha, b_all, c_col, it, state, sigma)
-    reason = "converged" if rec["rel_gap"] <= opts.tol else None
-    while reason is None and it < opts.max_iter:
-        for t, col in enumerate(columns):
-            if rec["column_rel_gap"][t] <= opts.tol:
-                continue
-            a = alpha[:, t]
-            B, cut = _select(col, a, bounds[t], q, intercept, float(b_all[t]), cap[t])
-            # a free set that stays beyond the cap is the solution's: the cap doubles after CAP_PATIENCE cuts
-            cuts[t] = cuts[t] + 1 if cut else 0
-            if cuts[t] >= CAP_PATIENCE:
-                cap[t], cuts[t] = 2 * cap[t], 0
-            K_BB = src.block(B)
-            aB, b_sub[t], sigma[t], floor[t] = _subproblem(col, K_BB, B, a, F[:, t], b_sub[t], sigma[t], floor[t])
-            # a weight that cycled here is tried again only after a few more subproblems
-            floor[t] = max(SIGMA_FLOOR * scale, floor[t] / FLOOR_DECAY)
-            delta = aB - a[B]
-            moved = torch.nonzero(delta).reshape(-1)
-            if moved.numel():
-                F[:, t] += src.update(moved, delta[moved])
-                a[B] = aB
-            bounds[t] = col.intercept_bounds(a, F[:, t] + col.h * a - col.lin)
-            if intercept:
-                b_all[t] = _best_intercept(bounds[t], b_sub[t])
-        it += 1
-        rec = _certify(mon, loss, Y, F, alpha, b_all, c_col, it, state, sigma)
-        reason = mon.stop_reason(rec, state, alpha, interrupted())
-    return reason, it, rec
+
+    def solve_column(t: int, col: _Column) -> None:
+        a = alpha[:, t]
+        B, cut = _select(col, a, bounds[t], q, intercept, float(b_all[t]), cap[t])
+        # a free set that stays beyond the cap is the solution's: the cap doubles after CAP_PATIENCE cuts
+        cuts[t] = cuts[t] + 1 if cut else 0
+        if cuts[t] >= CAP_PATIENCE:
+            cap[t], cuts[t] = 2 * cap[t], 0
+        K_BB = src.block(B)
+        aB, b_sub[t], sigma[t], floor[t] = _subproblem(col, K_BB, B, a, F[:, t], b_sub[t], sigma[t], floor[t])
+        # a weight that cycled here is tried again only after a few more subproblems
+        floor[t] = max(SIGMA_FLOOR * scale, floor[t] / FLOOR_DECAY)
+        delta = aB - a[B]
+        moved = torch.nonzero(delta).reshape(-1)
+        if moved.numel():
+            F[:, t] += src.update(moved, delta[moved])
+            a[B] = aB
+        bounds[t] = col.intercept_bounds(a, F[:, t] + col.h * a - col.lin)
+        if intercept:
+            b_all[t] = _best_intercept(bounds[t], b_sub[t])
+
+    return outer_loop(mon, opts, loss, Y, F, alpha, b_all, c_col, it, state, sigma, columns, solve_column, interrupted)
 
 
 def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: Optional[SolverOptions] = None,
