@@ -24,7 +24,11 @@ margin) take values that a linear system decides. The engine reads ``K`` through
 3. **Subproblem** on ``B`` with the others fixed: the same problem on ``K_BB`` with the linear term
    shifted by ``K_BN alpha_N`` and ``sum alpha_B`` kept; solved by the proximal active-set rounds of
    :mod:`joker_ext.active_set` (each round decreases the whole objective, since its proximal term is
-   centred at the current point). Rounds whose sets cycle raise the weight 3x; a weight at which they
+   centred at the current point). The first active-set step frees only the ``FIRST_FREE`` worst violators
+   of ``B`` (the others keep their bound: freeing every violator factored ``|B|`` coordinates, most of
+   which the next step sent back to a bound); the next steps free what their predictions say. A set of
+   mostly violators gets one settled round (the next working set brings other violators), a set of
+   mostly free coordinates ``SUB_ROUNDS``. Rounds whose sets cycle raise the weight 3x; a weight at which they
    cycled is not tried again for a few subproblems (the floor falls 3x per subproblem). A round whose
    sets held at once is followed by one round at the smallest weight with the same sets: when they hold
    there too, that is the subproblem's exact solution (the last outer iterations then need no slow

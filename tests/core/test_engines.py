@@ -239,6 +239,40 @@ def test_working_set_reaches_the_cvxpy_optimum(name, intercept, cache_columns):
         assert abs(float(res.alpha.sum())) <= 1e-9 * float(res.alpha.abs().sum())
 
 
+@pytest.mark.parametrize("name", ["hinge", "epsilon_insensitive"])
+def test_working_set_first_step_frees_only_the_worst_violators(monkeypatch, name):
+    """With FIRST_FREE = 4, a subproblem's first active-set step moves at most 4 violators off their status
+    (the others keep theirs, the free ones stay free), and the decomposition still reaches cvxpy's optimum
+    with the intercept."""
+    pytest.importorskip("cvxpy")
+    import joker_ext.working_set as ws
+
+    monkeypatch.setattr(ws, "FIRST_FREE", 4)
+    seen = []
+    first_sets = ws._first_sets
+
+    def spy(sub, a, f, b, sigma):
+        code, sgn, value = first_sets(sub, a, f, b, sigma)
+        cur = sub.status(a)
+        moved = int(((code != cur[0]) | (sgn != cur[1])).sum())
+        pred = sub.predict(a, f, b, sigma / sub.c, a)
+        seen.append((moved, int(((pred[0] != cur[0]) | (pred[1] != cur[1])).sum()), int((cur[0] == 0).sum())))
+        return code, sgn, value
+
+    monkeypatch.setattr(ws, "_first_sets", spy)
+    loss, X, y = _problem(name, n=160, seed=4)
+    kernel = GaussianKernel(1.0)
+    c = torch.full((len(y),), 3.0, dtype=F64)
+    op = ExactOperator(kernel, BlockData(torch.as_tensor(X), F64, torch.device("cpu")))
+    res = ws.working_set(op, torch.as_tensor(y).reshape(-1, 1), loss, c, SolverOptions(max_iter=2000, tol=1e-10),
+                         intercept=True, working_set_size=24)
+    assert res.status == "converged" and res.rel_gap <= 1e-10
+    assert all(moved <= 4 * max(1, free // 4) for moved, _, free in seen)
+    assert any(would > 4 * max(1, free // 4) for _, would, free in seen)  # the limit was exercised
+    K = kernel(torch.as_tensor(X), torch.as_tensor(X)).numpy()
+    assert res.primal == pytest.approx(cvxpy_primal(name, K, y, c.numpy(), intercept=True), rel=1e-6)
+
+
 def test_working_set_epsilon_insensitive_is_libsvm_svr():
     """The default engine for epsilon-insensitive with an intercept is LIBSVM's SVR, solved tightly."""
     from sklearn.svm import SVR
