@@ -46,6 +46,7 @@ import torch
 from joker_ext.kernels import Kernel
 
 from ._common import (
+    cholesky_solve,
     as_matrix,
     binary_labels,
     check_choice,
@@ -162,7 +163,7 @@ class ADMMSVM:
             L, info = torch.linalg.cholesky_ex(Kb)
             if int(info) != 0:
                 raise RuntimeError(f"K + beta I is not positive definite (beta={beta}); raise beta")
-            solve = lambda B: torch.cholesky_solve(B, L)  # noqa: E731
+            solve = lambda B: cholesky_solve(B, L)  # noqa: E731
             matvec = lambda V: K @ V  # noqa: E731
             self._K = K
             return solve, matvec

@@ -70,6 +70,7 @@ import torch
 from joker_ext.kernels import Kernel
 
 from ._common import (
+    cholesky_solve,
     as_matrix,
     as_targets,
     check_choice,
@@ -590,7 +591,7 @@ class EigenPro3:
 
     def _project(self, Z: torch.Tensor, h: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
         if self.projection == "exact":
-            return torch.cholesky_solve(h, self._chol)
+            return cholesky_solve(h, self._chol)
         theta = torch.zeros_like(h)
         for _ in range(self.projection_epochs):
             _eigenpro_epoch(self.kernel, Z, h, theta, self._proj_pre, self._proj_m, self._proj_step, 0.0, gen)
