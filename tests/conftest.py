@@ -22,3 +22,22 @@ def pytest_configure(config):
             import falkon  # noqa: F401
         except ImportError as exc:
             raise pytest.UsageError(f"JOKER_REQUIRE_FALKON is set but Falkon cannot be imported: {exc!r}") from exc
+
+
+class PairDataset(torch.utils.data.Dataset):
+    """A map-style Dataset of ``(x, y)`` pairs that is not a TensorDataset: the adapters' generic Dataset path."""
+
+    def __init__(self, X, y):
+        self.X, self.y = X, y
+
+    def __len__(self):
+        return len(self.X)
+
+    def __getitem__(self, i):
+        return self.X[i], self.y[i]
+
+
+@pytest.fixture(scope="session")
+def pair_dataset():
+    """The class :class:`PairDataset` (a fixture: test modules do not import conftest files)."""
+    return PairDataset

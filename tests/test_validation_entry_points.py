@@ -334,7 +334,7 @@ def test_prediction_guard_never_returns_nan_or_overflow():
 
 # ============================================================================ JokerGP
 @pytest.fixture(scope="module")
-def gp():
+def gp(pair_dataset):
     gpytorch = pytest.importorskip("gpytorch")
     from joker_ext.adapters.gpytorch import JokerGP, RationalQuadraticKernel
 
@@ -343,20 +343,10 @@ def gp():
     lik.noise = 0.1
     ns = types.SimpleNamespace(gpytorch=gpytorch, JokerGP=JokerGP, RQ=RationalQuadraticKernel, k=k, lik=lik,
                                bern=gpytorch.likelihoods.BernoulliLikelihood(), x=X, y=Y[:, 0])
+    ns.pairs = pair_dataset
     ns.make = lambda **kw: JokerGP(kw.pop("covar", k), kw.pop("lik", lik), kw.pop("mean", None), **kw)
     ns.fitted = ns.make().fit(X, Y[:, 0])
     return ns
-
-
-class _Pairs(torch.utils.data.Dataset):
-    def __init__(self, A, b):
-        self.A, self.b = A, b
-
-    def __len__(self):
-        return len(self.A)
-
-    def __getitem__(self, i):
-        return self.A[i], self.b[i]
 
 
 y0 = Y[:, 0]
@@ -370,13 +360,13 @@ GP_CASES = [
     ("nan", "train_y inf", lambda g: g.make().fit(X, _with_nan(y0, float("inf"))), ValueError,
      r"^train_y must be finite"),
     ("nan", "test_x NaN", lambda g: g.fitted.predict(_with_nan(X)), ValueError, r"^test_x must be finite"),
-    ("nan", "Dataset NaN", lambda g: g.make(n_features=16).fit(_Pairs(_with_nan(X), y0)), ValueError,
+    ("nan", "Dataset NaN", lambda g: g.make(n_features=16).fit(g.pairs(_with_nan(X), y0)), ValueError,
      r"^train_x \(rows 0 to 23\) must be finite"),
     ("nan", "float32 overflow", lambda g: g.make(dtype="float32").fit(X * 1e30, y0), ValueError,
      r"^train_x must have values of magnitude below"),
     ("empty", "no rows", lambda g: g.make().fit(X[:0], y0[:0]), ValueError, r"^train_x must have at least 1 row"),
     ("empty", "no columns", lambda g: g.make().fit(X[:, :0], y0), ValueError, r"^train_x must have at least 1 row"),
-    ("empty", "empty Dataset", lambda g: g.make().fit(_Pairs(X[:0], y0[:0])), ValueError, r"^train_x must have at least one row, got an empty Dataset"),
+    ("empty", "empty Dataset", lambda g: g.make().fit(g.pairs(X[:0], y0[:0])), ValueError, r"^train_x must have at least one row, got an empty Dataset"),
     ("empty", "no train_y", lambda g: g.make().fit(X), TypeError, r"^train_y must be an array"),
     ("one_class", "Bernoulli one class", lambda g: g.make(lik=g.bern).fit(X, torch.ones(N, dtype=X.dtype)),
      ValueError, r"^train_y must contain at least two classes"),

@@ -439,17 +439,6 @@ def test_user_gpytorch_kernel_in_the_sklearn_faces():
 # ------------------------------------------------------------------------------- data inputs, module API
 
 
-class _PairDataset(torch.utils.data.Dataset):
-    def __init__(self, X, y):
-        self.X, self.y = X, y
-
-    def __len__(self):
-        return len(self.X)
-
-    def __getitem__(self, i):
-        return self.X[i], self.y[i]
-
-
 class _Stream(torch.utils.data.IterableDataset):
     def __init__(self, X, y):
         self.X, self.y = X, y
@@ -458,16 +447,16 @@ class _Stream(torch.utils.data.IterableDataset):
         return iter(zip(self.X, self.y))
 
 
-def test_dataset_and_dataloader_inputs():
+def test_dataset_and_dataloader_inputs(pair_dataset):
     X, y, Xt = _data(n=120)
     covar, lik, mean = _scale_rbf(), _gaussian_lik(0.05), _const_mean(1.5)
     ref = _gpytorch_posterior_mean(X, y, Xt, covar, lik, mean)
     tds = torch.utils.data.TensorDataset(X, y)
-    for src in (tds, torch.utils.data.DataLoader(tds, batch_size=16, shuffle=True), _PairDataset(X, y),
-                torch.utils.data.DataLoader(_PairDataset(X, y), batch_size=7)):
+    for src in (tds, torch.utils.data.DataLoader(tds, batch_size=16, shuffle=True), pair_dataset(X, y),
+                torch.utils.data.DataLoader(pair_dataset(X, y), batch_size=7)):
         assert _rel(JokerGP(covar, lik, mean).fit(src).predict(Xt), ref) <= 1e-6
     # random features read a map-style Dataset block by block
-    a = JokerGP(covar, lik, mean, n_features=128).fit(_PairDataset(X, y)).predict(Xt)
+    a = JokerGP(covar, lik, mean, n_features=128).fit(pair_dataset(X, y)).predict(Xt)
     b = JokerGP(covar, lik, mean, n_features=128).fit(X, y).predict(Xt)
     torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-8)
     with pytest.raises(TypeError, match="train_x.*IterableDataset"):
