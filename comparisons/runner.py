@@ -15,7 +15,8 @@ For each run the harness records
 Isolation: each run is a separate process. By default they are forked from a multiprocessing
 *forkserver* that imported torch, scikit-learn, Falkon and GPyTorch once (saving several seconds of
 imports per run); ``isolation='spawn'`` starts a fresh interpreter per run instead. A run that raises is
-recorded with status ``error`` and its message; a run that exceeds its budget ``spec.seconds`` (``spec.hard_seconds``) is killed
+recorded with status ``error`` and its message; a run that exceeds its budget (``spec.hard_seconds``:
+``spec.seconds``, raised for a large ``spec.max_time``) is killed
 and recorded with status ``timeout``; a process that dies (e.g. out of memory) is recorded as ``crashed``
 with its exit code. ``results.csv`` is rewritten atomically after every run, so an interrupted
 comparison loses nothing already measured.

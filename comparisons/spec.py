@@ -593,8 +593,8 @@ def _parse_M(text: str) -> List[Optional[int]]:
 
 #: Flags that map one-to-one onto spec fields.
 _FLAG_FIELDS = ("dataset", "task", "loss", "kernel", "sigma", "nu", "penalty", "n_train", "n_test", "iterations",
-                "epochs", "seconds", "max_time", "tol", "dtype", "device", "seed", "repeats", "data_path", "epsilon", "delta",
-                "quantile")
+                "epochs", "seconds", "max_time", "tol", "dtype", "device", "seed", "repeats", "data_path", "epsilon",
+                "delta", "quantile")
 
 
 class _RaisingParser(argparse.ArgumentParser):

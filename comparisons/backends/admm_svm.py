@@ -5,8 +5,8 @@ kernel. Like SVC it has an unpenalised intercept b (Joker's model has none; said
 ``mode='exact'`` (dense Cholesky of ``K + beta I``) up to n = 20,000, HSS compression beyond (option
 ``mode``). Stopping rule: by default ADMM runs to its primal / dual residual test (``converged=True``,
 relative tolerance ``tol``, default 1e-8) so that it solves the spec's problem, at most ``iterations``
-(default 5,000) iterations or the time budget ``max_time`` (``spec.soft_seconds``), whichever comes first; ``--option admm_svm.converged=false``
-gives the paper's fixed 10 iterations, which stop far from the QP optimum (said in ``notes``).
+(default 5,000) iterations or the time budget ``max_time`` (``spec.soft_seconds``), whichever comes first; ``--option admm_svm.converged=false`` gives the paper's fixed 10 iterations, which
+stop far from the QP optimum (said in ``notes``).
 M is not used. Other options: any keyword of :class:`~comparisons.solvers.admm_svm.ADMMSVM` (``beta``,
 ``tol``, ``hss_options``, ...).
 """

@@ -10,8 +10,9 @@ EigenPro's own problem, kernel interpolation ``K alpha = y`` stopped after ``--e
 has no ridge term: ours runs with ``ridge=0``), on the harness's flights split (targets z-scored, RMSE in minutes),
 Gaussian kernel ``exp(-||x - y||^2 / (2 sigma^2))`` (their ``gaussian(samples, centers, bandwidth)`` is the same
 function), float32 (the authors' model keeps its weights in float32), one thread, the same subsample size
-(their default ``min(n, 2000)`` below 100,000 points) and their automatic q, batch and step. The random streams differ (their subsample and batches come from torch's
-global generator). Prints one markdown row per implementation: fit seconds, test RMSE, and the gap between them.
+(their default ``min(n, 2000)`` below 100,000 points) and their automatic q, batch and step. The random
+streams differ (their subsample and batches come from torch's global generator). Prints one markdown row per
+implementation: fit seconds, test RMSE, and the gap between them.
 Their ``fit`` also evaluates the training and validation error after every epoch; that time is inside their
 measured fit time (it is ~2 x 5000 x n kernel entries per epoch against n^2 for the epoch itself).
 """
