@@ -512,7 +512,8 @@ def _harness_commands():
     doctest builder: their flags are checked here instead)."""
     out = []
     for page in sorted(DOCS.glob("*.rst")):
-        for line in page.read_text().splitlines():
+        text = re.sub(r"\\\n\s*", " ", page.read_text())  # shell line continuations
+        for line in text.splitlines():
             m = re.match(r"\s*python -m comparisons(\s.*)?$", line)
             if m:
                 out.append((page.name, line.split("#")[0].strip()))
