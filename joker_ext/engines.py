@@ -172,6 +172,11 @@ def _linear_conjugate(loss) -> bool:
     return bool((loss.psi_hess(torch.zeros_like(y), y, torch.ones_like(y)) == 0).all())
 
 
+def needs_smoothing_loss(loss) -> bool:
+    """True for losses with a kink (hinge, absolute, pinball, epsilon-insensitive: the Newton engines smooth them)."""
+    return _needs_smoothing(loss)
+
+
 def _needs_smoothing(loss) -> bool:
     from .smoothing import needs_smoothing
 

@@ -58,8 +58,8 @@ class Continuation:
         """True when the smoothed problem counts as solved (``solve_error <= ratio * smoothing_share``);
         the smoothing is then divided by ``factor`` (not below ``floor``) and the caller moves the centre of
         the smoothing to the solution (a proximal point step, see :mod:`joker_ext.primal_newton`)."""
-        if solve_error > self.ratio * smoothing_share:
-            return False
+        if self.value <= self.floor or solve_error > self.ratio * smoothing_share:
+            return False  # (at the floor the smoothing is below rounding: no more centre moves, no loop)
         self.value = max(self.floor, self.value / self.factor)
         return True
 
