@@ -150,7 +150,7 @@ def resolve_solver(name: str, mode: str, n: int, itemsize: int, loss=None, max_m
     if name != "auto":
         get_solver(name, mode)
         return name
-    kinked = loss is not None and _needs_smoothing(loss)
+    kinked = loss is not None and needs_smoothing_loss(loss)
     if mode == "exact":
         if loss is not None and _linear_conjugate(loss):
             return "working_set"  # never forms K: any n
@@ -174,10 +174,6 @@ def _linear_conjugate(loss) -> bool:
 
 def needs_smoothing_loss(loss) -> bool:
     """True for losses with a kink (hinge, absolute, pinball, epsilon-insensitive: the Newton engines smooth them)."""
-    return _needs_smoothing(loss)
-
-
-def _needs_smoothing(loss) -> bool:
     from .smoothing import needs_smoothing
 
     y = torch.ones(1, 1, dtype=torch.float64)
