@@ -21,6 +21,7 @@ from .kernels import (
 from .features import NystromFeatureMap, RandomFeatureMap, make_feature_map
 from .losses import Loss, available_losses, get_loss, infimal_convolution, register_loss, scaled
 from .solver import SolverOptions, SolverResult, dbcd_tr
+from . import builtin_engines  # noqa: E402,F401  (registers the built-in engines with joker_ext.engines)
 
 __version__ = "0.1.0"
 

@@ -15,7 +15,9 @@ and is called the same way::
 ``alpha``, the operator state (``{'f': K alpha}`` or ``{'beta': Phi^T alpha}``-like primal weights), the
 duality gap and a history; every engine stops on the relative duality gap ``options.tol``.
 
-Engines registered here:
+This module is the registry only: it imports no engine. The engines register themselves when their modules are
+imported, and :mod:`joker_ext.builtin_engines` imports the built-in ones (``import joker_ext`` imports it, so
+the registry is complete for any code that uses the package). The built-in engines:
 
 ========== ========== ==========================================================================
 name       mode       engine
@@ -43,6 +45,8 @@ from contextlib import contextmanager
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
+
+from .results import SolverResult
 
 __all__ = ["register_solver", "get_solver", "available_solvers", "resolve_solver", "supports_intercept",
            "supports_distributed", "Monitor",
@@ -92,13 +96,11 @@ def register_solver(name: str, mode: str, engine: Callable, *, overwrite: bool =
 
 def supports_intercept(name: str, mode: str) -> bool:
     """True when engine ``name`` fits the intercept itself (see :func:`register_solver`)."""
-    _ensure_builtin()
     return (name, mode) in _WITH_INTERCEPT
 
 
 def supports_distributed(name: str, mode: str) -> bool:
     """True when engine ``name`` fits rows sharded over processes (see :func:`register_solver`)."""
-    _ensure_builtin()
     return (name, mode) in _DISTRIBUTED
 
 
@@ -110,7 +112,6 @@ def available_solvers(mode: Optional[str] = None) -> Tuple[str, ...]:
 
 def get_solver(name: str, mode: str) -> Callable:
     """The engine registered as ``name`` for ``mode``; ValueError naming the choices otherwise."""
-    _ensure_builtin()
     if (name, mode) not in _SOLVERS:
         raise ValueError(f"solver must be one of {available_solvers(mode)} for {mode} mode, got {name!r}")
     return _SOLVERS[(name, mode)]
@@ -138,7 +139,6 @@ def resolve_solver(name: str, mode: str, n: int, itemsize: int, loss=None, max_m
     ``distributed=True`` (rows sharded over processes): the registered engine that supports it,
     ``'newton'`` in feature mode for every loss; other names raise ValueError naming those that do.
     """
-    _ensure_builtin()
     if distributed:
         able = sorted(s for (s, m) in _DISTRIBUTED if m == mode)
         choice = able[0] if name == "auto" and able else name
@@ -189,11 +189,6 @@ def default_max_iter(solver: str, n: int, block_size: int) -> int:
     if solver == "working_set":
         return max(NEWTON_MAX_ITER, WORKING_SET_ITER_PER_BLOCK * math.ceil(n / WORKING_SET_SIZE))
     return max(200, DBCD_EPOCHS * math.ceil(n / max(1, block_size)))
-
-
-def _ensure_builtin() -> None:
-    """Import the built-in engines' modules, which register themselves (once; imports are cached)."""
-    from . import active_set, newton_exact, primal_newton, solver, working_set  # noqa: F401
 
 
 class _Interrupt:
@@ -279,10 +274,8 @@ class Monitor:
         return None
 
     def result(self, alpha, state, n_iter: int, status: str, rec: Optional[dict]):
-        """The engine's :class:`~joker_ext.solver.SolverResult` from its last record (NaN gap when there is
+        """The engine's :class:`~joker_ext.results.SolverResult` from its last record (NaN gap when there is
         none, e.g. out of memory before the first certificate)."""
-        from .solver import SolverResult
-
         if rec is None:
             rec = {"primal": math.nan, "dual": math.nan, "gap": math.nan, "rel_gap": math.inf}
         T = alpha.shape[1]

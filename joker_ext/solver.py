@@ -32,7 +32,7 @@ import threading
 import time
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
@@ -42,6 +42,7 @@ from .losses import Loss
 from .memory import is_out_of_memory
 from .engines import sigint_as_flag
 from .operators import apply_delta
+from .results import SolverResult  # noqa: F401  (defined in a leaf module; re-exported here)
 
 __all__ = ["SolverOptions", "SolverResult", "dbcd_tr", "cg_steihaug", "duality_gap", "make_blocks"]
 
@@ -129,33 +130,6 @@ class SolverOptions:
     newton_rank: Optional[int] = None
     newton_sketch_rows: Optional[int] = None
     newton_cg_tol: float = 1e-10
-
-
-@dataclass
-class SolverResult:
-    """What :func:`dbcd_tr` returns.
-
-    ``status`` is one of 'converged', 'max_iter', 'max_time', 'callback', 'interrupted',
-    'out_of_memory' (a block did not fit; alpha and state are those before that block).
-    ``history`` holds one dict per gap evaluation with keys iteration, time, primal, dual, gap,
-    rel_gap (and 'validation' when a validation function was given).
-    """
-
-    alpha: torch.Tensor
-    state: Dict[str, torch.Tensor]
-    n_iter: int
-    status: str
-    primal: float
-    dual: float
-    gap: float
-    rel_gap: float
-    radius: torch.Tensor
-    history: List[dict] = field(default_factory=list)
-    rng_state: Optional[torch.Tensor] = None
-
-    @property
-    def converged(self) -> bool:
-        return self.status == "converged"
 
 
 def make_blocks(n: int, block_size: int, generator: torch.Generator) -> List[torch.Tensor]:
