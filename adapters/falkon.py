@@ -52,13 +52,12 @@ from sklearn.exceptions import NotFittedError
 from joker_ext.conversions import penalty_to_C
 from joker_ext.data import BlockData
 from joker_ext.distributed import SingleProcess, row_shards
-from joker_ext.engines import resolve_solver
-from joker_ext.features import FeatureMap, NystromFeatureMap, feature_mode_options, make_feature_map
+from joker_ext.defaults import PRACTICAL_TOL, default_block_size
 from joker_ext.kernels import CallableKernel, Kernel, StationaryKernel, keops_available, matern_family
 from joker_ext.losses import Loss, get_loss
 from joker_ext.memory import plan_blocks
-from joker_ext.model import KernelModel, default_block_size, fit_dual
-from joker_ext.solver import SolverOptions
+from joker_ext.model import KernelModel
+from joker_ext.plan import RANDOM_FEATURE_MODES, FitPlan, feature_map_for, make_fit_plan
 from joker_ext.validation import (
     check_callable,
     check_choice,
@@ -104,8 +103,8 @@ AUTO_NYSTROM_MAX_N = 20_000
 FALKON_CG_TOLERANCE = 1e-7
 
 #: Relative duality gap at which the Newton engines stop when neither ``tol`` nor a ``cg_tolerance`` other
-#: than Falkon's default is given (see :func:`translate_options`).
-NEWTON_DEFAULT_TOL = 1e-6
+#: than Falkon's default is given (see :func:`translate_options`): :data:`joker_ext.defaults.PRACTICAL_TOL`.
+NEWTON_DEFAULT_TOL = PRACTICAL_TOL
 
 
 # ============================================================================ kernels
@@ -494,7 +493,7 @@ class _FalkonFace(BaseEstimator):
         if features == "auto":
             n_all = shards.n_total if shards.distributed else X.shape[0]
             features = "cossin" if kernel.supports_random_features and n_all > AUTO_NYSTROM_MAX_N else "nystrom"
-        if features in ("cossin", "cos", "orf") and not kernel.supports_random_features:
+        if features in RANDOM_FEATURE_MODES and not kernel.supports_random_features:
             raise ValueError(
                 f"features={self.features!r} needs a kernel with a spectral density (Gaussian, Laplacian, Matern); "
                 f"{kernel!r} has none: use features='nystrom' (Falkon's model) or 'exact'"
@@ -513,46 +512,40 @@ class _FalkonFace(BaseEstimator):
             M_eff = M
         b, chunk = _sizes(features, n, X.shape[1], M_eff, T, torch.finfo(dtype).bits // 8, opt["memory"],
                           self.block_size, loss, "max_gpu_mem" if opt["device"].type == "cuda" else "max_cpu_mem")
-        if features in ("cossin", "cos", "orf"):
-            # Features of float32 data are evaluated in float32 (the trigonometric functions dominate their
-            # cost) and solved in the solver's precision.
-            fmap: Optional[FeatureMap] = make_feature_map(
-                kernel, int(M_eff), **feature_mode_options(features), seed=seed,
-                compute_dtype=torch.float32 if X.dtype == torch.float32 and dtype == torch.float64 else None)
-        elif features == "nystrom":
-            fmap = NystromFeatureMap(kernel, centers)
-        else:
-            fmap = None
+        # Features of float32 data are evaluated in float32 (the trigonometric functions dominate their cost) and
+        # solved in the solver's precision.
+        fmap = feature_map_for(kernel, features, int(M_eff) if features in RANDOM_FEATURE_MODES else None, seed=seed,
+                               centers=centers,
+                               compute_dtype=torch.float32 if X.dtype == torch.float32 and dtype == torch.float64
+                               else None)
         return {"opt": opt, "dtype": dtype, "seed": seed, "kernel": kernel, "features": features, "feature_map": fmap,
                 "centers": centers, "block_size": b, "chunk_rows": chunk, "M": M_eff, "shards": shards}
 
-    def _engine(self, prep: dict, n: int, loss: Loss) -> str:
-        """The engine ``solver`` stands for (:func:`joker_ext.engines.resolve_solver`)."""
-        mode = "exact" if prep["features"] == "exact" else "features"
-        shards = prep["shards"]
-        return resolve_solver(getattr(self, "solver", "auto"), mode, shards.n_total if shards.distributed else n,
-                              torch.finfo(prep["dtype"]).bits // 8, loss, distributed=shards.distributed)
+    def _fit_plan(self, prep: dict, loss: Loss, C: float, w: torch.Tensor, n: int, epochs: int, *,
+                  iterations: Optional[int] = None, callback_epochs: Optional[int] = None,
+                  callback_every: Optional[int] = None) -> FitPlan:
+        """The fit plan (:func:`joker_ext.plan.make_fit_plan`) of one penalty on this rank's ``n`` rows with
+        weights ``w`` (``c = C w``).
 
-    def _solver_options(self, prep: dict, n: int, epochs: int, *, callback_epochs: Optional[int] = None,
-                        engine: str = "dbcd_tr", iterations: Optional[int] = None,
-                        callback_every: Optional[int] = None) -> SolverOptions:
-        if engine != "dbcd_tr":
-            # Newton engines: ``iterations`` are Newton iterations, Falkon's own outer iterations.
-            tol = prep["opt"]["tol"] if prep["opt"].get("tol_given", True) else NEWTON_DEFAULT_TOL
-            return SolverOptions(block_size=prep["block_size"], max_iter=max(1, iterations or epochs),
-                                 tol=tol, max_time=self.max_time, seed=prep["seed"],
-                                 verbose=prep["opt"]["verbose"], callback_every=callback_every)
-        b = prep["block_size"]
-        nb = math.ceil(n / b)
-        # Exact mode keeps f = K alpha, so the gap is O(n): check it every iteration. With features the
-        # gap needs a pass over the data: check it every few epochs (and at the end).
+        Falkon's iteration counts translate by engine: a Newton engine runs at most ``iterations`` (else
+        ``epochs``) Newton iterations, Falkon's own outer iterations, and reports every ``callback_every``;
+        DBCD-TR runs ``epochs`` passes over the blocks, checks the gap every iteration (exact kernel) or every
+        few epochs (features: the gap needs a pass over the data) and reports every ``callback_epochs``."""
+        shards, opt = prep["shards"], prep["opt"]
+        plan = make_fit_plan(
+            prep["kernel"], loss, n=shards.n_total if shards.distributed else n, C=C, sample_weight=w,
+            features=prep["features"], feature_map=prep["feature_map"], seed=prep["seed"],
+            tol=opt["tol"] if opt.get("tol_given", True) else None, default_tol=opt["tol"],
+            second_order_tol=NEWTON_DEFAULT_TOL, block_size=prep["block_size"], max_iter=max(1, iterations or epochs),
+            max_time=self.max_time, verbose=opt["verbose"], dtype=prep["dtype"], device=opt["device"],
+            solver=getattr(self, "solver", "auto"), distributed=shards.distributed, chunk_rows=prep["chunk_rows"],
+            backend=opt["backend"], callback_every=callback_every)
+        if plan.solver != "dbcd_tr":
+            return plan
+        nb = math.ceil(n / prep["block_size"])
         check = 1 if prep["features"] == "exact" else nb * min(_GAP_CHECK_EPOCHS, max(1, epochs))
-        kw = {}
-        if callback_epochs is not None:
-            kw["callback_every"] = nb * callback_epochs
-        return SolverOptions(block_size=b, max_iter=max(1, epochs) * nb, tol=prep["opt"]["tol"],
-                             max_time=self.max_time, seed=prep["seed"], verbose=prep["opt"]["verbose"],
-                             check_every=check, **kw)
+        return plan.replace(options={"max_iter": max(1, epochs) * nb, "check_every": check,
+                                     "callback_every": None if callback_epochs is None else nb * callback_epochs})
 
     # ------------------------------------------------------------------ fitted model
     def _set_fitted(self, model: KernelModel, prep: dict, X: torch.Tensor) -> None:
@@ -651,14 +644,11 @@ def _selector_size(center_selection) -> int:
     raise ValueError("M must be a positive integer (it could not be read from center_selection), got None")
 
 
-def _train(X, Y, loss: Loss, c: torch.Tensor, prep: dict, opts: SolverOptions, alpha0=None, *, callback=None,
-           resume: Optional[dict] = None, engine: str = "dbcd_tr") -> KernelModel:
-    """One fit through :func:`joker_ext.model.fit_dual` (``resume`` continues a penalty path)."""
-    dtype, device = prep["dtype"], prep["opt"]["device"]
-    return fit_dual(X, Y, loss=loss, c=c.to(dtype), kernel=prep["kernel"], feature_map=prep["feature_map"],
-                    options=opts, dtype=dtype, device=device, alpha0=None if resume is not None else alpha0,
-                    callback=callback, chunk_rows=prep["chunk_rows"], backend=prep["opt"]["backend"], resume=resume,
-                    solver=engine, distributed=prep["shards"])
+def _train(X, Y, plan: FitPlan, prep: dict, alpha0=None, *, callback=None,
+           resume: Optional[dict] = None) -> KernelModel:
+    """One fit of ``plan`` (``resume`` continues a penalty path)."""
+    return plan.fit(X, Y, shards=prep["shards"], alpha0=None if resume is not None else alpha0, callback=callback,
+                    resume=resume)
 
 
 # ============================================================================ JokerFalkon
@@ -918,15 +908,16 @@ class JokerFalkon(_FalkonFace):
         nf = Xf.shape[0]
         nb = math.ceil(nf / prep["block_size"])
         report = self.error_fn is not None and error_every is not None
-        engine = self._engine(prep, nf, loss)
-        newton = engine != "dbcd_tr"
-        opts = self._solver_options(prep, nf, epochs, callback_epochs=error_every * per_iter if report else None,
-                                    engine=engine, iterations=self.maxiter, callback_every=error_every if report else None)
+        plan = self._fit_plan(prep, loss, C, wf, nf, epochs, iterations=self.maxiter,
+                              callback_epochs=error_every * per_iter if report else None,
+                              callback_every=error_every if report else None)
+        newton = plan.solver != "dbcd_tr"
         per_report = 1 if newton else nb * per_iter
         callback = self._reporter(Xf, Yu, Xts, Yts, prep, self.fit_times_[0], per_report) if report else None
-        model = _train(Xf, Yf, loss, c, prep, opts, alpha0, callback=callback, engine=engine,
+        model = _train(Xf, Yf, plan, prep, alpha0, callback=callback,
                        resume=self._own_primal_start(warm_start, alpha0, newton))
-        self.solver_ = engine
+        self.solver_ = plan.solver
+        self.fit_plan_ = plan
         check_fit_finite("penalty", penalty, model.alpha, model.beta, _evaluated_primal(model))
         self._set_fitted(model, prep, Xf)
         if not bool(keep.all()):
@@ -1075,23 +1066,22 @@ class JokerLogisticFalkon(_FalkonFace):
                 return float(loss.value(Ypm, P).mean())
         model = None
         elapsed = [0.0]
-        engine = self._engine(prep, n, loss)
+        n_local = X.shape[0]
         for k, (pen, ep) in enumerate(zip(pens, its)):
             if prep["opt"]["verbose"]:
                 print(f"Iteration {k:d} - penalty {pen:e} - sub-iterations {ep:d}", flush=True)
-            C = penalty_to_C(pen, n)
-            if engine == "dbcd_tr":
-                opts = self._solver_options(prep, n, ep * per_iter)
+            # DBCD-TR: iter_list[k] * epochs_per_iter epochs; Newton engines: iter_list[k] Newton iterations at most
+            plan = self._fit_plan(prep, loss, penalty_to_C(pen, n), w, n_local, ep * per_iter, iterations=ep)
+            if plan.solver == "dbcd_tr":
                 # each stage continues from the previous one: its dual point, operator state and radii
                 resume = None if model is None else {"alpha": model.alpha, "state": model.result.state,
                                                      "radius": model.result.radius, "iteration": 0}
             else:
-                # Newton engines: iter_list[k] Newton iterations at most, from the previous stage's point (the
-                # dual alpha; with features also the primal weights beta, which the feature engine starts from)
-                opts = self._solver_options(prep, n, ep, engine=engine, iterations=ep)
+                # Newton engines: from the previous stage's point (the dual alpha; with features also the primal
+                # weights beta, which the feature engine starts from)
                 resume = None if model is None else {"alpha": model.alpha, "state": model.result.state,
                                                      "iteration": 0}
-            model = _train(X, Yfit, loss, C * w, prep, opts, None, resume=resume, engine=engine)
+            model = _train(X, Yfit, plan, prep, None, resume=resume)
             check_fit_finite(f"penalty_list[{k}]", pen, model.alpha, model.beta, _evaluated_primal(model))
             elapsed[0] = time.perf_counter() - t_start
             if self.error_fn is not None and error_every is not None and k % error_every == 0:
@@ -1099,7 +1089,8 @@ class JokerLogisticFalkon(_FalkonFace):
             else:
                 self.fit_times_.append(elapsed[0])
         self._set_fitted(model, prep, X)
-        self.solver_ = engine
+        self.solver_ = plan.solver
+        self.fit_plan_ = plan
         self.loss_ = loss
         self.C_ = penalty_to_C(pens[-1], n)
         self.fit_times_[0] = t_prep

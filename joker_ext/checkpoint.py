@@ -179,7 +179,8 @@ def save_estimator(estimator, path: PathLike) -> Path:
         "y_1d": bool(getattr(estimator, "_y_1d", True)),
         "n_features_in": int(estimator.n_features_in_),
         "fit": {k: getattr(estimator, k) for k in ("n_iter_", "status_", "primal_objective_", "dual_objective_",
-                                                    "duality_gap_", "relative_gap_", "block_size_")},
+                                                    "duality_gap_", "relative_gap_", "block_size_", "solver_")
+                if hasattr(estimator, k)},
     }
     tensors = {
         "dual_coef": torch.as_tensor(estimator.dual_coef_),
@@ -204,7 +205,6 @@ def save_estimator(estimator, path: PathLike) -> Path:
 
 def load_estimator(path: PathLike):
     """Rebuild an estimator saved by :func:`save_estimator`; it predicts exactly as the saved one."""
-    from .data import resolve_device, resolve_dtype
     from .kernels import kernel_from_description
 
     obj = load_checkpoint(path, kind="estimator")
@@ -220,12 +220,10 @@ def load_estimator(path: PathLike):
     if "kernel" not in params:
         params["kernel"] = meta["kernel_param"] if meta.get("kernel_param") is not None else kernel
     est = cls(**params)
-    est._set_fitted_kernel(kernel)  # kernel_, sigma_, gamma_, feature_map_ as at fit
-    est.dtype_ = resolve_dtype(est.dtype)
-    est.device_ = resolve_device(est.device)
-    est.loss_ = est._loss_object()
-    est.dual_coef_ = obj["dual_coef"].numpy()
     est.X_fit_ = obj["X_fit"].numpy()
+    # the fit plan of the saved parameters: kernel_, sigma_, gamma_, feature_map_, loss_, dtype_, device_ as at fit
+    est._set_fitted_plan(est._fit_plan(kernel, est._loss_object(), max(1, est.X_fit_.shape[0])))
+    est.dual_coef_ = obj["dual_coef"].numpy()
     est.coef_ = obj["coef"].numpy() if "coef" in obj else None
     est.n_features_in_ = meta["n_features_in"]
     est._y_1d = meta["y_1d"]

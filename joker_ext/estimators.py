@@ -33,17 +33,16 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import _check_sample_weight, check_is_fitted, validate_data
 
 from .checkpoint import register_estimator
-from .conversions import gamma_to_sigma
+from .conversions import gamma_to_sigma, sigma_to_gamma
 from .data import BlockData, resolve_device, resolve_dtype
+from .defaults import CONVERGENCE_WARN_GAP
 from .distributed import SingleProcess, row_shards
-from .features import ConcatFeatureMap, FeatureMap, feature_mode_options, make_feature_map
+from .features import ConcatFeatureMap, FeatureMap
 from .kernels import Kernel, StationaryKernel, SumKernel, as_kernel, make_kernel, median_heuristic
 from .losses import Loss, get_loss
-from .engines import default_max_iter, needs_smoothing_loss, resolve_solver, supports_intercept
-from .memory import parse_memory
-from .model import KernelModel, default_block_size, fit_dual
+from .model import KernelModel
 from .operators import ExactOperator, FeatureOperator
-from .solver import SolverOptions
+from .plan import FitPlan, make_fit_plan
 
 __all__ = ["JokerRegressor", "JokerClassifier"]
 
@@ -297,10 +296,23 @@ class _JokerBase(BaseEstimator):
             )
         return get_loss(self.loss, delta=self.delta, epsilon=self.epsilon, quantile=self.quantile)
 
-    def _set_fitted_kernel(self, kernel: Kernel) -> None:
-        """Set ``kernel_`` and what follows from it (at fit and at :func:`~joker_ext.checkpoint.load_estimator`):
-        ``sigma_`` (stationary kernels), ``gamma_`` (Gaussian or L1-Laplacian with one bandwidth: scikit-learn's
-        ``rbf``/``laplacian`` gamma) and ``feature_map_`` (with ``n_features``)."""
+    def _fit_plan(self, kernel: Kernel, loss: Loss, n: int, sample_weight=None) -> FitPlan:
+        """The fit plan (:func:`joker_ext.plan.make_fit_plan`) of these parameters for ``kernel`` and ``loss`` on
+        ``n`` rows (over all processes), ``sample_weight`` those of this process's rows (default: ones)."""
+        return make_fit_plan(kernel, loss, n=n, C=self.C, sample_weight=sample_weight,
+                             features="exact" if self.n_features is None else self.features,
+                             n_features=self.n_features, seed=self._seed(), tol=self.tol, block_size=self.block_size,
+                             max_iter=self.max_iter, max_time=self.max_time, verbose=bool(self.verbose),
+                             max_memory=self.max_memory, dtype=resolve_dtype(self.dtype),
+                             device=resolve_device(self.device), solver=self.solver, intercept=self.fit_intercept,
+                             distributed=bool(self.distributed))
+
+    def _set_fitted_plan(self, plan: FitPlan) -> None:
+        """Set what follows from the fit plan (at fit and at :func:`~joker_ext.checkpoint.load_estimator`):
+        ``kernel_``, ``sigma_`` (stationary kernels), ``gamma_`` (Gaussian or L1-Laplacian with one bandwidth:
+        scikit-learn's ``rbf``/``laplacian`` gamma), ``feature_map_`` (with ``n_features``), ``loss_``,
+        ``solver_``, ``dtype_`` and ``device_``."""
+        kernel = plan.kernel
         self.kernel_ = kernel
         if isinstance(kernel, StationaryKernel):
             s = kernel.sigma
@@ -308,16 +320,14 @@ class _JokerBase(BaseEstimator):
         else:
             self.sigma_ = None
         self.gamma_ = None
-        if isinstance(kernel, StationaryKernel) and isinstance(self.sigma_, float):
-            if kernel.family == "gaussian":
-                self.gamma_ = 1.0 / (2.0 * self.sigma_ ** 2)
-            elif kernel.family == "laplacian_l1":
-                self.gamma_ = 1.0 / self.sigma_
-        if self.n_features is None:
-            self.feature_map_ = None
-        else:
-            self.feature_map_ = make_feature_map(kernel, int(self.n_features), **feature_mode_options(self.features),
-                                                 seed=self._seed())
+        if isinstance(kernel, StationaryKernel) and isinstance(self.sigma_, float) and \
+                kernel.family in ("gaussian", "laplacian_l1"):
+            self.gamma_ = sigma_to_gamma(self.sigma_, kernel.family)
+        self.feature_map_ = plan.feature_map
+        self.loss_ = plan.loss
+        self.solver_ = plan.solver
+        self.dtype_ = plan.dtype
+        self.device_ = plan.device
 
     def _seed(self) -> int:
         rs = self.random_state
@@ -392,36 +402,6 @@ class _JokerBase(BaseEstimator):
             return make_kernel(self.kernel, sigma, nu=self.nu if self.kernel == "matern" else None)
         return as_kernel(self.kernel)  # other libraries' kernel objects: joker_ext.adapters translates them
 
-    def _tol(self) -> float:
-        if self.tol is not None:
-            return float(self.tol)
-        return 1e-14 if resolve_dtype(self.dtype) == torch.float64 else 1e-7
-
-    def _engine(self, n: int, loss: Loss) -> str:
-        """The engine ``solver`` stands for on ``n`` rows (see :func:`joker_ext.engines.resolve_solver`)."""
-        mode = "exact" if self.n_features is None else "features"
-        budget = None if self.max_memory is None else parse_memory(self.max_memory)
-        if (self.solver == "auto" and mode == "features" and self.fit_intercept and not self.distributed
-                and needs_smoothing_loss(loss)):
-            # the outer intercept search over kinked losses with features stays with DBCD-TR: with the
-            # Newton engine, scikit-learn's sample-weight equivalence check (rtol 1e-7) saw the intercept of
-            # the epsilon-insensitive loss move by 4e-6 between weighted and repeated data (a non-unique b)
-            return "dbcd_tr"
-        return resolve_solver(self.solver, mode, n, torch.finfo(resolve_dtype(self.dtype)).bits // 8, loss, budget,
-                              distributed=bool(self.distributed))
-
-    def _solver_options(self, n: int, loss: Loss) -> SolverOptions:
-        b = self.block_size or default_block_size(n, loss)
-        b = min(b, n)
-        return SolverOptions(
-            block_size=b,
-            max_iter=self.max_iter or default_max_iter(self._engine(n, loss), n, b),
-            tol=self._tol(),
-            max_time=self.max_time,
-            seed=self._seed(),
-            verbose=bool(self.verbose),
-        )
-
     def _warm_start_point(self, fingerprint: str, n_targets: int):
         """``(alpha0, b0)`` of the previous fit when ``warm_start`` applies (same data), else Nones."""
         if not self.warm_start or getattr(self, "_fit_fingerprint", None) != fingerprint:
@@ -451,8 +431,6 @@ class _JokerBase(BaseEstimator):
     def _fit_targets(self, X, Y: np.ndarray, sample_weight, loss: Loss, shards: SingleProcess):
         """Common part of ``fit`` once targets are an (n, T) float array (this rank's rows of them)."""
         self._check_bandwidth_params()
-        self.dtype_ = resolve_dtype(self.dtype)
-        self.device_ = resolve_device(self.device)
         n = X.shape[0]
         w = np.ones(n) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
         if shards.any(np.any(w < 0)):
@@ -463,36 +441,28 @@ class _JokerBase(BaseEstimator):
         Xk, Yk, wk = (X, Y, w) if keep.all() else (X[keep], Y[keep], w[keep])
         # rows over all ranks (an empty shard, e.g. all its weights zero, is an error on every rank)
         n_all = shards.plan(Xk.shape[0], Xk.shape[1]) if shards.distributed else Xk.shape[0]
-        self._set_fitted_kernel(self._build_kernel(Xk, shards))
-        self.loss_ = loss
-        c = torch.as_tensor(self.C * wk, dtype=torch.float64)
-        self.solver_ = self._engine(n_all, loss)
-        opts = self._solver_options(n_all, loss)
+        plan = self._fit_plan(self._build_kernel(Xk, shards), loss, n_all, wk)
+        self._set_fitted_plan(plan)
         fingerprint = _fingerprint(Xk, Yk, wk)
         alpha0, b0 = self._warm_start_point(fingerprint, Yk.shape[1])
         if shards.any(alpha0 is None):  # a warm start only when every rank has one
             alpha0, b0 = None, None
-        Xt = torch.from_numpy(np.array(Xk, copy=True, order="C"))
-        data = BlockData(Xt, self.dtype_, self.device_)
+        data = BlockData(torch.from_numpy(np.array(Xk, copy=True, order="C")), plan.dtype, plan.device)
         Yt = torch.as_tensor(Yk)
-        mode = "exact" if self.feature_map_ is None else "features"
-        in_engine = self.fit_intercept and supports_intercept(self.solver_, mode)  # the engine fits b itself
-        if self.fit_intercept and not in_engine:
-            model, intercept, res, n_iter, rounds = self._fit_with_intercept(data, Yt, loss, c, opts, alpha0, b0,
-                                                                             shards)
+        if plan.intercept == "search":
+            model, intercept, res, n_iter, rounds = self._fit_with_intercept(data, Yt, plan, alpha0, b0, shards)
         else:
             checkpoint = None if self.fit_intercept else self.checkpoint  # documented: not with an intercept
             resume = None
             if checkpoint is not None and not shards.any(not os.path.isfile(checkpoint)) and alpha0 is None:
                 resume = checkpoint  # continue an interrupted fit of the same data bitwise
-            model = fit_dual(data, Yt, loss=loss, c=c, kernel=self.kernel_, feature_map=self.feature_map_,
-                             options=opts, dtype=self.dtype_, device=self.device_, alpha0=alpha0,
-                             max_memory=self.max_memory, resume=resume, checkpoint_path=checkpoint,
-                             checkpoint_every=self.checkpoint_every, solver=self.solver_, intercept=in_engine,
-                             distributed=shards)
+            model = plan.fit(data, Yt, shards=shards, alpha0=alpha0, resume=resume, checkpoint_path=checkpoint,
+                             checkpoint_every=self.checkpoint_every)
             res = model.result
+            in_engine = plan.intercept == "engine"
             n_iter, rounds = res.n_iter, int(in_engine)
             intercept = res.state["intercept"].double().cpu().numpy() if in_engine else np.zeros(Yk.shape[1])
+        self.fit_plan_ = plan
         self.X_fit_ = np.asarray(Xk, dtype=np.float64 if self.dtype_ == torch.float64 else np.float32)
         self._fit_fingerprint = fingerprint
         self.dual_coef_ = model.alpha.detach().cpu().numpy()
@@ -505,9 +475,9 @@ class _JokerBase(BaseEstimator):
                           ("relative_gap_", "rel_gap")):
             setattr(self, attr, float(res[key] if isinstance(res, dict) else getattr(res, key)))
         self.history_ = res["history"] if isinstance(res, dict) else res.history
-        self.block_size_ = opts.block_size
+        self.block_size_ = plan.options.block_size
         self._model_cache = model
-        if self.status_ != "converged" and self.relative_gap_ > max(self._tol(), 1e-6):
+        if self.status_ != "converged" and self.relative_gap_ > max(plan.options.tol, CONVERGENCE_WARN_GAP):
             warnings.warn(
                 f"{type(self).__name__} stopped ({self.status_}) after {self.n_iter_} block iterations with "
                 f"relative duality gap {self.relative_gap_:.2e}; increase max_iter"
@@ -517,8 +487,8 @@ class _JokerBase(BaseEstimator):
         return self
 
     # ------------------------------------------------------------------ intercept
-    def _fit_with_intercept(self, data: BlockData, Y: torch.Tensor, loss: Loss, c: torch.Tensor,
-                            opts: SolverOptions, alpha0, b0, shards: SingleProcess):
+    def _fit_with_intercept(self, data: BlockData, Y: torch.Tensor, plan: FitPlan, alpha0, b0,
+                            shards: SingleProcess):
         """Fit ``f(x) = sum_i alpha_i k(x_i, x) + b`` with an unregularized ``b`` per target.
 
         The dual gains the constraint ``sum_i alpha_i = 0``, whose multiplier is ``b``. For a given ``b``
@@ -532,22 +502,22 @@ class _JokerBase(BaseEstimator):
         all-reduced (``shards``), so each rank takes the same steps.
         """
         T = Y.shape[1]
-        dtype, device = self.dtype_, self.device_
+        dtype, device, loss, opts = plan.dtype, plan.device, plan.loss, plan.options
         tol = opts.tol
         # rho: the kernel's scale (its mean diagonal), so K and the constant part are balanced.
         probe = data.take(torch.arange(min(data.n, 256)))
-        rho = float(self.kernel_.diag(probe).mean()) if data.n else 1.0
+        rho = float(plan.kernel.diag(probe).mean()) if data.n else 1.0
         if not math.isfinite(rho) or rho <= 0:
             rho = 1.0
         rho = float(shards.broadcast_(torch.tensor([rho], dtype=torch.float64)))  # rank 0's, on every rank
-        if self.feature_map_ is None:
-            kern, fmap = SumKernel([self.kernel_, _ConstantKernel(rho)]), None
-            base_op = ExactOperator(self.kernel_, data)
+        if plan.feature_map is None:
+            kern, fmap = SumKernel([plan.kernel, _ConstantKernel(rho)]), None
+            base_op = ExactOperator(plan.kernel, data)
         else:
-            kern, fmap = self.kernel_, ConcatFeatureMap([self.feature_map_, _ConstantFeature(rho)])
-            base_op = FeatureOperator(self.feature_map_, data)
+            kern, fmap = plan.kernel, ConcatFeatureMap([plan.feature_map, _ConstantFeature(rho)])
+            base_op = FeatureOperator(plan.feature_map, data)
         Yd = Y.to(device=device, dtype=dtype)
-        cd = c.to(device=device, dtype=dtype).reshape(-1, 1)
+        cd = plan.c.to(device=device, dtype=dtype).reshape(-1, 1)
         search = _RootSearch(np.zeros(T) if b0 is None else b0, rho)
         alpha = alpha0
         total, rounds = 0, 0
@@ -567,9 +537,8 @@ class _JokerBase(BaseEstimator):
             # leaves room for the search to go on.
             inner = dataclasses.replace(opts, max_iter=max(1, -(-(opts.max_iter - total) // 2)), tol=inner_tol,
                                         max_time=None if opts.max_time is None else max(1e-3, opts.max_time - elapsed))
-            model = fit_dual(data, Y, loss=_OffsetLoss(loss, b), c=c, kernel=kern, feature_map=fmap, options=inner,
-                             dtype=dtype, device=device, alpha0=alpha, max_memory=self.max_memory,
-                             solver=self.solver_, distributed=shards)
+            model = plan.replace(loss=_OffsetLoss(loss, b), kernel=kern, feature_map=fmap, options=inner,
+                                 intercept="none").fit(data, Y, shards=shards, alpha0=alpha)
             res = model.result
             total += res.n_iter
             rounds += 1
@@ -624,7 +593,7 @@ class _JokerBase(BaseEstimator):
                 break
             search.update(s)
         model = best["model"]
-        out = KernelModel(self.kernel_, self.feature_map_, data, model.alpha, best["beta"], result=model.result)
+        out = KernelModel(plan.kernel, plan.feature_map, data, model.alpha, best["beta"], result=model.result)
         summary = {"status": status, "primal": best["primal"], "dual": best["dual"], "gap": best["gap"],
                    "rel_gap": best["rel_gap"], "history": history}
         return out, best["intercept"], summary, total, rounds

@@ -6,7 +6,6 @@ It knows nothing about Falkon, GPyTorch or scikit-learn.
 """
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
@@ -14,6 +13,7 @@ from typing import Callable, Optional
 import torch
 
 from .data import BlockData, as_block_data
+from .defaults import CHUNK_ROWS, default_block_size, default_max_iter  # noqa: F401  (re-exported)
 from .distributed import row_shards
 from .features import FeatureMap
 from .kernels import Kernel
@@ -25,20 +25,6 @@ from .operators import ExactOperator, FeatureOperator
 from .solver import SolverOptions, SolverResult
 
 __all__ = ["KernelModel", "fit_dual", "default_block_size", "default_max_iter"]
-
-
-def default_block_size(n: int, loss: Loss) -> int:
-    """The seed paper's block sizes: 2048 for n <= 5e5, else 512; 1024 for logistic; never above n."""
-    if loss.name == "logistic":
-        b = 1024
-    else:
-        b = 2048 if n <= 500_000 else 512
-    return max(1, min(n, b))
-
-
-def default_max_iter(n: int, block_size: int, epochs: int = 50) -> int:
-    """``epochs`` passes over the blocks, at least 200 iterations."""
-    return max(200, epochs * math.ceil(n / block_size))
 
 
 @dataclass
@@ -65,7 +51,7 @@ class KernelModel:
     alpha: torch.Tensor
     beta: Optional[torch.Tensor]
     result: Optional[SolverResult] = None
-    chunk_rows: int = 4096
+    chunk_rows: int = CHUNK_ROWS
     backend: str = "torch"
     extra: dict = field(default_factory=dict)
 
@@ -102,7 +88,7 @@ def fit_dual(
     alpha0: Optional[torch.Tensor] = None,
     callback: Optional[Callable] = None,
     validation: Optional[Callable] = None,
-    chunk_rows: int = 4096,
+    chunk_rows: int = CHUNK_ROWS,
     backend: str = "torch",
     resume=None,
     checkpoint_path=None,

@@ -13,22 +13,27 @@ Three model classes from the one spec, all trained by :func:`joker_ext.model.fit
 Translation: ``C = 1 / (n * penalty)`` (:func:`joker_ext.conversions.penalty_to_C`), the kernel family and
 sigma unchanged, -1/+1 targets for classification (one-vs-rest columns for multi-class).
 Budget: ``iterations`` = block iterations; ``epochs`` = passes over the blocks; the default is
-:func:`joker_ext.model.default_max_iter`; the fit stops at the relative duality gap ``tol`` (default
-1e-6) or after ``spec.soft_seconds``.
+:func:`joker_ext.defaults.default_max_iter`; the fit stops at the relative duality gap ``tol`` (default
+:data:`joker_ext.defaults.PRACTICAL_TOL`, 1e-6) or after ``spec.soft_seconds``. The settings become one
+:func:`joker_ext.plan.make_fit_plan`, as in every other face of joker_ext.
 Options: ``block_size``, ``tol``, ``features`` (joker_rf), ``points`` (trace points, default 30).
 """
 from __future__ import annotations
 
-import math
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 import numpy as np
+
+from joker_ext.defaults import PRACTICAL_TOL
+from joker_ext.losses import get_loss
+from joker_ext.plan import RANDOM_FEATURE_MODES, make_fit_plan
+from joker_ext.validation import check_choice
 
 from .base import Backend, Skip, pm_targets
 
 __all__ = ["JokerBackend", "JokerRFBackend", "JokerNystromBackend"]
 
-DEFAULT_TOL = 1e-6
+DEFAULT_TOL = PRACTICAL_TOL
 
 
 def _schedule(max_iter: int, n_points: int) -> set:
@@ -53,10 +58,12 @@ class JokerBackend(Backend):
             raise Skip(f"loss {loss!r} is a classification loss")
 
     # ------------------------------------------------------------------ model class
-    def _feature_map(self, X):
+    def _features(self, X) -> Dict[str, Any]:
+        """The model class as :func:`joker_ext.plan.make_fit_plan` arguments (``features``, ``n_features``,
+        ``centers``)."""
         if self.spec.M is not None:
             self.note(f"exact kernel on all n={self.n} points: M={self.spec.M} not used")
-        return None
+        return {"features": "exact"}
 
     def _model_size(self) -> int:
         return self.n
@@ -64,10 +71,6 @@ class JokerBackend(Backend):
     # ------------------------------------------------------------------ fit / predict
     def fit(self, X: np.ndarray, y: np.ndarray, trace) -> None:
         import torch
-
-        from joker_ext.losses import get_loss
-        from joker_ext.model import default_block_size, default_max_iter, fit_dual
-        from joker_ext.solver import SolverOptions
 
         spec = self.spec
         dtype, device = self.torch_dtype, torch.device(spec.device)
@@ -77,23 +80,24 @@ class JokerBackend(Backend):
         n = X.shape[0]
         self.kernel_ = self.joker_kernel()
         Xt = torch.as_tensor(np.ascontiguousarray(X))
-        self.feature_map_ = self._feature_map(Xt)
-        b = int(self.option("block_size") or default_block_size(n, loss))
-        b = max(1, min(b, n))
-        n_blocks = math.ceil(n / b)
-        if self.option("max_iter") is not None:
-            max_iter = int(self.option("max_iter"))
-        elif spec.iterations is not None:
-            max_iter = int(spec.iterations)
-        elif spec.epochs is not None:
-            max_iter = max(1, int(math.ceil(spec.epochs * n_blocks)))
-        else:
-            max_iter = default_max_iter(n, b)
-        tol = self.option("tol", spec.tol if spec.tol is not None else DEFAULT_TOL)
+        tol = self.option("tol", spec.tol)
+        block_size = self.option("block_size")
+        max_iter = self.option("max_iter")
+        plan = make_fit_plan(
+            self.kernel_, loss, n=n, C=self.C, **self._features(Xt), seed=int(spec.seed),
+            tol=None if tol is None else float(tol), default_tol=DEFAULT_TOL,
+            block_size=int(block_size) if block_size else None,
+            max_iter=int(max_iter) if max_iter is not None else (None if spec.iterations is None else
+                                                                 int(spec.iterations)), epochs=spec.epochs,
+            iteration_budget="blocks", max_time=spec.soft_seconds, dtype=dtype, device=device,
+            callback_every=1 if self.mode == "exact" else None, handle_sigint=False)
+        self.fit_plan_ = plan
+        self.feature_map_ = plan.feature_map
+        if getattr(plan.feature_map, "jitter_used", 0.0):
+            self.note(f"K(Z, Z) factorised with jitter {plan.feature_map.jitter_used:.1e}")
+        b, max_iter, tol = plan.options.block_size, plan.options.max_iter, plan.options.tol
         C = self.C
         exact = self.feature_map_ is None
-        opts = SolverOptions(block_size=b, max_iter=max_iter, tol=float(tol), max_time=spec.soft_seconds,
-                             seed=int(spec.seed), callback_every=1 if exact else None, handle_sigint=False)
         n_points = int(self.option("points", 30))
         metric_at = _schedule(max_iter, n_points)
         gap_at = _schedule(max_iter, 8 * n_points)
@@ -119,9 +123,7 @@ class JokerBackend(Backend):
                              primal=info["primal"], dual=-info["dual"], gap=info["gap"], rel_gap=info["rel_gap"])
             return None
 
-        c = torch.full((n,), C, dtype=torch.float64)
-        self.model_ = fit_dual(Xt, torch.as_tensor(Y), loss=loss, c=c, kernel=kernel, feature_map=fmap,
-                               options=opts, dtype=dtype, device=device, callback=callback)
+        self.model_ = plan.fit(Xt, torch.as_tensor(Y), callback=callback)
         res = self.model_.result
         last = res.history[-1] if res.history else None
         if last is not None and (not trace.points or trace.points[-1].get("iteration") != res.n_iter):
@@ -152,16 +154,10 @@ class JokerRFBackend(JokerBackend):
         super().check()
         if self.spec.M is None:
             raise Skip("random features need a model size M (--M)")
-        if self.option("features", "cossin") not in ("cossin", "cos", "orf"):
-            raise ValueError(f"option joker_rf.features must be 'cossin', 'cos' or 'orf', "
-                             f"got {self.option('features')!r}")
+        check_choice("option joker_rf.features", self.option("features", "cossin"), RANDOM_FEATURE_MODES)
 
-    def _feature_map(self, X):
-        from joker_ext.features import make_feature_map
-
-        kind = self.option("features", "cossin")
-        return make_feature_map(self.kernel_, int(self.spec.M), form="cos" if kind == "cos" else "cossin",
-                                orthogonal=kind == "orf", seed=int(self.spec.seed))
+    def _features(self, X) -> Dict[str, Any]:
+        return {"features": self.option("features", "cossin"), "n_features": int(self.spec.M)}
 
     def _model_size(self) -> int:
         return int(self.spec.M)
@@ -174,19 +170,14 @@ class JokerNystromBackend(JokerBackend):
     uses_M = True
     mode = "nystrom"
 
-    def _feature_map(self, X):
+    def _features(self, X) -> Dict[str, Any]:
         import torch
-
-        from joker_ext.features import NystromFeatureMap
 
         M = self.model_size()
         g = torch.Generator().manual_seed(int(self.spec.seed))
         idx = torch.randperm(X.shape[0], generator=g)[:M].sort().values
         centers = X[idx].to(dtype=self.torch_dtype, device=torch.device(self.spec.device))
-        fmap = NystromFeatureMap(self.kernel_, centers)
-        if getattr(fmap, "jitter_used", 0.0):
-            self.note(f"K(Z, Z) factorised with jitter {fmap.jitter_used:.1e}")
-        return fmap
+        return {"features": "nystrom", "centers": centers}
 
     def _model_size(self) -> int:
         return self.model_size()

@@ -1,0 +1,65 @@
+"""The defaults of a fit, in one place: tolerances, block sizes, iteration budgets, chunk sizes.
+
+Every front end (the scikit-learn estimators, JokerFalkon, JokerGP, the comparison harness) reaches these
+through :func:`joker_ext.plan.make_fit_plan`; none restates a number. The engines' own iteration budgets
+(:data:`joker_ext.engines.NEWTON_MAX_ITER`, :data:`~joker_ext.engines.DBCD_EPOCHS`, ...) and the memory the
+exact Newton engines may take (:data:`~joker_ext.engines.DEFAULT_EXACT_MEMORY`) are the engine registry's and
+are read from it by :func:`joker_ext.engines.default_max_iter` and :func:`~joker_ext.engines.resolve_solver`.
+
+Tolerances are on the relative duality gap ``(P + D) / max(|P|, |D|)`` (see :mod:`joker_ext.solver`).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["PRECISION_TOL", "PRACTICAL_TOL", "CONVERGENCE_WARN_GAP", "CHUNK_ROWS", "BLOCK_SIZE",
+           "LARGE_N_BLOCK_SIZE", "LARGE_N", "LOGISTIC_BLOCK_SIZE", "MIN_BLOCK_ITERATIONS", "BLOCK_EPOCHS",
+           "precision_tol", "default_block_size", "default_max_iter"]
+
+#: Relative gap that asks for a solution correct to the working precision, by dtype: the default ``tol`` of the
+#: scikit-learn estimators and of JokerGP. (The prediction error is of order the square root of the gap.)
+PRECISION_TOL = {torch.float64: 1e-14, torch.float32: 1e-7}
+
+#: Relative gap at which front ends that stop at a practical accuracy stop: the harness's joker backends and
+#: JokerFalkon's Newton engines at Falkon's default ``cg_tolerance``. For the squared loss a gap ``g`` puts the
+#: training predictions within about ``sqrt(g)`` (0.1 %) of the residuals' size from the optimum (see
+#: :func:`joker_ext.adapters.falkon.translate_options`).
+PRACTICAL_TOL = 1e-6
+
+#: An unconverged fit warns (ConvergenceWarning) when its relative gap is above ``max(tol, CONVERGENCE_WARN_GAP)``.
+CONVERGENCE_WARN_GAP = 1e-6
+
+#: Rows per chunk when streaming products and predictions.
+CHUNK_ROWS = 4096
+
+#: The seed paper's block sizes: ``BLOCK_SIZE`` rows up to ``LARGE_N`` rows, ``LARGE_N_BLOCK_SIZE`` above;
+#: ``LOGISTIC_BLOCK_SIZE`` for the logistic loss.
+BLOCK_SIZE = 2048
+LARGE_N = 500_000
+LARGE_N_BLOCK_SIZE = 512
+LOGISTIC_BLOCK_SIZE = 1024
+
+#: DBCD-TR's block-iteration budget: ``BLOCK_EPOCHS`` passes over the blocks, at least ``MIN_BLOCK_ITERATIONS``.
+BLOCK_EPOCHS = 50
+MIN_BLOCK_ITERATIONS = 200
+
+
+def precision_tol(dtype: torch.dtype) -> float:
+    """The working-precision tolerance of ``dtype`` (:data:`PRECISION_TOL`; float32's for any other dtype)."""
+    return PRECISION_TOL.get(dtype, PRECISION_TOL[torch.float32])
+
+
+def default_block_size(n: int, loss) -> int:
+    """The seed paper's block sizes: 2048 for n <= 5e5, else 512; 1024 for logistic; never above n."""
+    if getattr(loss, "name", None) == "logistic":
+        b = LOGISTIC_BLOCK_SIZE
+    else:
+        b = BLOCK_SIZE if n <= LARGE_N else LARGE_N_BLOCK_SIZE
+    return max(1, min(n, b))
+
+
+def default_max_iter(n: int, block_size: int, epochs: int = BLOCK_EPOCHS) -> int:
+    """``epochs`` passes over the blocks of ``block_size`` rows, at least :data:`MIN_BLOCK_ITERATIONS` iterations."""
+    return max(MIN_BLOCK_ITERATIONS, epochs * math.ceil(n / block_size))
