@@ -6,7 +6,7 @@ descriptions; no solver logic lives here.
 """
 from __future__ import annotations
 
-from joker_ext.kernels import Kernel, kernel_from_description, register_kernel_loader, register_kernel_translator
+from joker_ext.kernels import Kernel, register_kernel_loader, register_kernel_translator
 
 __all__ = ["translate_kernel", "load_kernel_description"]
 
@@ -50,20 +50,13 @@ def translate_kernel(kernel) -> Kernel:
 
 def load_kernel_description(desc: dict) -> Kernel:
     """Rebuild a kernel of an adapter from its ``describe()`` output (what checkpoints hold): scikit-learn kernel
-    objects (``'sklearn'``, ``'sklearn_pairwise'``) and the GPyTorch adapter's RQ and active-dims kernels."""
+    objects (``'sklearn'``, ``'sklearn_pairwise'``). The core's own kernels (stationary, sums, rational quadratic,
+    active dims) are rebuilt by :func:`joker_ext.kernels.kernel_from_description` itself."""
     kind = desc.get("type")
     if kind in ("sklearn", "sklearn_pairwise"):
         from . import sklearn as _sklearn
 
         return _sklearn.load_description(desc)
-    if kind == "rational_quadratic":
-        from .gpytorch import RationalQuadraticKernel
-
-        return RationalQuadraticKernel(desc["sigma"], desc["alpha"], desc["outputscale"])
-    if kind == "active_dims":
-        from .gpytorch import ActiveDimsKernel
-
-        return ActiveDimsKernel(kernel_from_description(desc["base"]), desc["dims"])
     raise TypeError(f"unknown kernel description type {kind!r}")
 
 

@@ -8,10 +8,12 @@ scikit-learn                                    joker_ext
 ``gaussian_process.kernels.RBF(l)``             ``StationaryKernel('gaussian', sigma=l)`` (ARD: l a vector)
 ``Matern(l, nu)``, nu in {0.5, 1.5, 2.5}        ``StationaryKernel('matern', sigma=l, nu)``
 ``Matern(l, nu=inf)``                           ``StationaryKernel('gaussian', sigma=l)``
+``RationalQuadratic(l, alpha)``                 :class:`joker_ext.kernels.RationalQuadraticKernel` (sigma=l,
+                                                alpha; exact random features)
 ``ConstantKernel(c) * k`` (either side)         the translated ``k`` with its output scale times ``c``
 ``k1 + k2``                                     :class:`joker_ext.kernels.SumKernel`
-other kernels (RationalQuadratic, DotProduct,   :class:`SklearnKernel` (a CallableKernel) running the
-ExpSineSquared, products, ...)                  scikit-learn kernel's own ``__call__`` (exact mode only)
+other kernels (DotProduct, ExpSineSquared,      :class:`SklearnKernel` (a CallableKernel) running the
+products, ...)                                  scikit-learn kernel's own ``__call__`` (exact mode only)
 ``WhiteKernel``                                 refused: ``k(x, y)`` is 0 for two sets of points; its
                                                 role (noise) is played by ``C`` (``C = outputscale / noise``)
 pairwise name 'rbf' (gamma)                     gaussian with ``sigma = 1 / sqrt(2 gamma)``
@@ -19,8 +21,9 @@ pairwise name 'laplacian' (gamma)               'laplacian_l1' with ``sigma = 1 
 other pairwise names ('linear', 'poly', ...)    :class:`SklearnPairwiseKernel` over ``pairwise_kernels``
 =============================================== =====================================================
 
-scikit-learn's RBF is ``exp(-||x - y||^2 / (2 l^2))`` and its Matern uses ``sqrt(2 nu) ||x - y|| / l``:
-the same conventions as joker_ext's Gaussian and Matern families, so the length scale is ``sigma``.
+scikit-learn's RBF is ``exp(-||x - y||^2 / (2 l^2))``, its Matern uses ``sqrt(2 nu) ||x - y|| / l`` and its
+RationalQuadratic is ``(1 + ||x - y||^2 / (2 alpha l^2))^(-alpha)``: the same conventions as joker_ext's Gaussian,
+Matern and rational quadratic kernels, so the length scale is ``sigma``.
 Hyperparameters are read as they are (a snapshot, fixed bounds ignored): fitting a Gaussian process
 first and passing its ``kernel_`` gives Joker the optimised values.
 
@@ -38,7 +41,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from joker_ext.kernels import CallableKernel, Kernel, StationaryKernel, SumKernel, matern_family
+from joker_ext.kernels import (CallableKernel, Kernel, RationalQuadraticKernel, StationaryKernel, SumKernel,
+                               matern_family)
 
 __all__ = ["translate_kernel", "pairwise_kernel", "SklearnKernel", "SklearnPairwiseKernel", "kernel_spec",
            "kernel_from_spec"]
@@ -91,6 +95,10 @@ class SklearnKernel(CallableKernel):
         sk_kernel = copy.deepcopy(sk_kernel)  # a snapshot: later changes to the user's object change nothing here
         super().__init__(_SklearnEvaluation(sk_kernel), name=f"sklearn {sk_kernel!r}")
         self.sk_kernel = sk_kernel
+
+    def scaled(self, factor: float) -> "SklearnKernel":
+        """``ConstantKernel(factor) * k``: still one scikit-learn kernel object (describable)."""
+        return SklearnKernel(_gp_kernels().ConstantKernel(float(factor)) * self.sk_kernel)
 
     def describe(self) -> dict:
         try:
@@ -197,17 +205,6 @@ def load_description(desc: dict) -> Kernel:
     raise ValueError(f"not a scikit-learn kernel description: {desc!r}")
 
 
-def _with_scale(kernel: Kernel, scale: float) -> Kernel:
-    """``scale * kernel`` for the kernels :func:`translate_kernel` produces."""
-    if isinstance(kernel, StationaryKernel):
-        return StationaryKernel(kernel.family, kernel.sigma, kernel.nu, kernel.outputscale * scale)
-    if isinstance(kernel, SumKernel):
-        return SumKernel([_with_scale(p, scale) for p in kernel.parts])
-    if isinstance(kernel, SklearnKernel):
-        return SklearnKernel(_gp_kernels().ConstantKernel(scale) * kernel.sk_kernel)
-    raise TypeError(f"cannot scale a kernel of type {type(kernel).__name__}")  # pragma: no cover
-
-
 def _length_scale(kernel) -> np.ndarray | float:
     ls = np.asarray(kernel.length_scale, dtype=np.float64)
     if not np.all(np.isfinite(ls)) or np.any(ls <= 0):
@@ -239,6 +236,8 @@ def translate_kernel(kernel) -> Kernel:
     if cls is gpk.Matern:
         family, nu = matern_family(kernel.nu, "Matern")
         return StationaryKernel(family, _length_scale(kernel), nu)
+    if cls is gpk.RationalQuadratic:
+        return RationalQuadraticKernel(_length_scale(kernel), kernel.alpha)
     if cls is gpk.WhiteKernel:
         raise ValueError(
             "WhiteKernel is zero between two different sets of points, so it changes nothing in a kernel "
@@ -253,14 +252,14 @@ def translate_kernel(kernel) -> Kernel:
                     raise ValueError(f"ConstantKernel constant_value must be positive, got {a.constant_value!r}")
                 inner = translate_kernel(b)
                 # c * (a kernel scikit-learn evaluates) stays one kernel scikit-learn evaluates: the product itself
-                return SklearnKernel(kernel) if isinstance(inner, SklearnKernel) else _with_scale(inner, c)
+                return SklearnKernel(kernel) if isinstance(inner, SklearnKernel) else inner.scaled(c)
         return SklearnKernel(kernel)
     if cls is gpk.Sum:
         white = [p for p in (kernel.k1, kernel.k2) if type(p) is gpk.WhiteKernel]
         if white:
             translate_kernel(white[0])  # raises the explanation
         return SumKernel([translate_kernel(kernel.k1), translate_kernel(kernel.k2)])
-    # ConstantKernel, DotProduct, RationalQuadratic, ExpSineSquared, Exponentiation, products, ...
+    # ConstantKernel, DotProduct, ExpSineSquared, Exponentiation, products, ...
     return SklearnKernel(kernel)
 
 

@@ -7,14 +7,13 @@ transform of a probability density p(w), so with w_j ~ p and b_j ~ U[0, 2 pi]
 * ``form='cossin'`` : ``phi(x) = sqrt(s / m) [cos(W^T x), sin(W^T x)]``   (m = M / 2 frequencies; lower
   variance). For odd ``M`` the last column is one random-phase cosine, weighted so the map stays unbiased.
 
-Spectral densities (``x`` is divided by the per-dimension ``sigma`` first, so these are for sigma = 1):
-
-============== ==========================================================================
-gaussian       w ~ N(0, I)
-matern nu      multivariate t with 2 nu degrees of freedom: w = z / sqrt(u / (2 nu)),
-               z ~ N(0, I), u ~ chi2(2 nu)   (laplacian = matern 1/2: multivariate Cauchy)
-laplacian_l1   each coordinate independently Cauchy(0, 1)
-============== ==========================================================================
+The spectral density belongs to the kernel: a kernel with one (:class:`joker_ext.kernels.SpectralKernel`:
+the stationary families, the rational quadratic kernel) draws its own frequencies
+(``kernel.spectral_frequencies(d, m, generator, orthogonal=...)``, already divided by its lengthscales) and
+carries its own scale (``kernel.outputscale``, the ``s`` above); :class:`RandomFeatureMap` only evaluates the
+cosines. ``kernel.random_features(...)`` builds the map of any kernel (sums concatenate their parts' maps,
+active-dims kernels select columns first), and :func:`make_feature_map` just asks the kernel, so a new kernel
+with a spectral density needs no change here.
 
 ``orthogonal=True`` draws the directions of the frequencies as blocks of orthonormal vectors and their
 lengths from the family's radial law (chi(d) for the Gaussian), which lowers the approximation error at
@@ -29,14 +28,15 @@ same seed gives the same features on every device and dtype.
 from __future__ import annotations
 
 import math
-from typing import Callable, List, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
 
 import torch
 
-from .kernels import CallableKernel, Kernel, StationaryKernel, SumKernel
+if TYPE_CHECKING:  # joker_ext.kernels imports this module (kernels build their feature maps); not the other way
+    from .kernels import Kernel
 
-__all__ = ["FeatureMap", "RandomFeatureMap", "ConcatFeatureMap", "NystromFeatureMap", "make_feature_map",
-           "sum_feature_map", "feature_mode_options"]
+__all__ = ["FeatureMap", "RandomFeatureMap", "ConcatFeatureMap", "ColumnsFeatureMap", "NystromFeatureMap",
+           "make_feature_map", "sum_feature_map", "feature_mode_options", "no_random_features_message"]
 
 FEATURE_FORMS = ("cos", "cossin")
 #: Rows per block of :meth:`RandomFeatureMap.pass_features` on the CPU (``X W`` of a block stays in cache).
@@ -61,44 +61,24 @@ class FeatureMap:
         return None
 
 
-def _chi2(df: float, size: int, gen: torch.Generator) -> torch.Tensor:
-    """chi-square(df) samples via Gamma(df/2, scale=2) drawn with the generator (CPU float64)."""
-    # torch has no generator-aware gamma sampler; use the Marsaglia-Tsang method, vectorised.
-    shape = df / 2.0
-    boost = shape < 1.0
-    a = shape + 1.0 if boost else shape
-    d = a - 1.0 / 3.0
-    c = 1.0 / math.sqrt(9.0 * d)
-    out = torch.empty(size, dtype=torch.float64)
-    filled = 0
-    while filled < size:
-        k = 2 * (size - filled) + 16
-        z = torch.randn(k, generator=gen, dtype=torch.float64)
-        u = torch.rand(k, generator=gen, dtype=torch.float64)
-        v = (1.0 + c * z) ** 3
-        ok = (v > 0) & (torch.log(u.clamp_min(1e-300)) < 0.5 * z * z + d - d * v + d * torch.log(v.clamp_min(1e-300)))
-        g = (d * v)[ok]
-        take = min(g.numel(), size - filled)
-        out[filled : filled + take] = g[:take]
-        filled += take
-    if boost:
-        u = torch.rand(size, generator=gen, dtype=torch.float64)
-        out = out * u.pow(1.0 / shape)
-    return 2.0 * out
-
-
 class RandomFeatureMap(FeatureMap):
-    """Random Fourier features of a :class:`~joker_ext.kernels.StationaryKernel`.
+    """Random Fourier features of a kernel with a spectral density (:class:`~joker_ext.kernels.SpectralKernel`).
+
+    ``phi(x) = sqrt(2 s / M) [cos(W^T x) | sin(W^T x)]`` (or random-phase cosines), with the frequencies
+    ``W = kernel.spectral_frequencies(d, m, generator, orthogonal=orthogonal)`` and the scale
+    ``s = kernel.outputscale = k(x, x)``; see the module docstring.
 
     Parameters
     ----------
-    kernel : StationaryKernel
+    kernel : SpectralKernel
+        Any kernel with ``supports_random_features``, ``spectral_frequencies`` and ``outputscale`` (the
+        stationary families, the rational quadratic kernel, a user's own).
     n_features : int
         Number of columns M of ``phi(X)``.
     form : {'cossin', 'cos'}, default 'cossin'
         Cos/sin pairs or random-phase cosines (see the module docstring).
     orthogonal : bool, default False
-        Orthogonal random features (radial families: gaussian, laplacian, matern).
+        Orthogonal random features (kernels with a radial spectral density: ``supports_orthogonal_features``).
     seed : int, default 0
         Seed of the draws; the same seed gives the same map.
     compute_dtype : torch.dtype, optional
@@ -111,7 +91,7 @@ class RandomFeatureMap(FeatureMap):
 
     def __init__(
         self,
-        kernel: StationaryKernel,
+        kernel: "Kernel",
         n_features: int,
         *,
         form: str = "cossin",
@@ -119,16 +99,15 @@ class RandomFeatureMap(FeatureMap):
         seed: Optional[int] = 0,
         compute_dtype: Optional[torch.dtype] = None,
     ):
-        if not isinstance(kernel, StationaryKernel):
-            raise TypeError(
-                f"random features need a stationary kernel (gaussian, laplacian, laplacian_l1, matern), got {kernel!r}"
-            )
+        if not (getattr(kernel, "supports_random_features", False) and hasattr(kernel, "spectral_frequencies")):
+            raise TypeError(no_random_features_message(kernel, n_features))
         if isinstance(n_features, bool) or not isinstance(n_features, int) or n_features < 1:
             raise ValueError(f"n_features must be a positive integer, got {n_features!r}")
         if form not in FEATURE_FORMS:
             raise ValueError(f"form must be one of {FEATURE_FORMS}, got {form!r}")
-        if orthogonal and kernel.family == "laplacian_l1":
-            raise ValueError("orthogonal random features need a radial kernel; laplacian_l1 is not radial")
+        if orthogonal and not getattr(kernel, "supports_orthogonal_features", False):
+            name = getattr(kernel, "family", None) or _kernel_name(kernel)
+            raise ValueError(f"orthogonal random features need a radial kernel; {name} is not radial")
         self.kernel = kernel
         self.n_features = int(n_features)
         self.form = form
@@ -144,15 +123,9 @@ class RandomFeatureMap(FeatureMap):
         self._cache: dict = {}
 
     # ------------------------------------------------------------------ sampling
-    def _radial_scale(self, m: int, gen: torch.Generator) -> torch.Tensor:
-        """Per-frequency factor 1 / sqrt(u / (2 nu)) of the multivariate t (ones for the Gaussian)."""
-        if self.kernel.family == "gaussian":
-            return torch.ones(m, dtype=torch.float64)
-        nu = self.kernel.nu
-        u = _chi2(2.0 * nu, m, gen)
-        return 1.0 / torch.sqrt(u / (2.0 * nu))
-
     def _draw(self, d: int) -> None:
+        """``m`` frequencies from the kernel's spectral density, then ``m`` phases ``b ~ U[0, 2 pi]``, all from one
+        generator seeded with ``seed`` (CPU, float64)."""
         gen = torch.Generator().manual_seed(self.seed)
         M = self.n_features
         if self.form == "cossin":
@@ -161,30 +134,8 @@ class RandomFeatureMap(FeatureMap):
         else:
             self._n_pairs = 0
             m = M
-        fam = self.kernel.family
-        if fam == "laplacian_l1":
-            u = torch.rand(d, m, generator=gen, dtype=torch.float64)
-            W = torch.tan(math.pi * (u - 0.5))
-        elif self.orthogonal:
-            blocks = []
-            for _ in range(math.ceil(m / d)):
-                G = torch.randn(d, d, generator=gen, dtype=torch.float64)
-                Q, R = torch.linalg.qr(G)
-                Q = Q * torch.sign(torch.diagonal(R)).unsqueeze(0)  # Haar-distributed
-                blocks.append(Q)
-            Wdir = torch.cat(blocks, dim=1)[:, :m]
-            norms = torch.randn(d, m, generator=gen, dtype=torch.float64).norm(dim=0)  # chi(d)
-            W = Wdir * (norms * self._radial_scale(m, gen)).unsqueeze(0)
-        else:
-            W = torch.randn(d, m, generator=gen, dtype=torch.float64) * self._radial_scale(m, gen).unsqueeze(0)
+        W = self.kernel.spectral_frequencies(d, m, gen, orthogonal=self.orthogonal)
         b = 2.0 * math.pi * torch.rand(m, generator=gen, dtype=torch.float64)
-        sigma = self.kernel.sigma
-        if sigma.dim() == 1 and sigma.numel() > 1:
-            if sigma.numel() != d:
-                raise ValueError(f"sigma has {sigma.numel()} entries but the data have {d} features")
-            W = W / sigma.unsqueeze(1)
-        else:
-            W = W / float(sigma.reshape(-1)[0])
         self._W, self._b, self.input_dim = W, b, d
         self._cache = {}
 
@@ -320,6 +271,39 @@ class ConcatFeatureMap(FeatureMap):
         return None if any(p is None for p in parts) else sum(parts[1:], parts[0])
 
 
+class ColumnsFeatureMap(FeatureMap):
+    """``phi(x) = inner(x[dims])``: the features of a kernel on a subset of the input columns
+    (:class:`joker_ext.kernels.ActiveDimsKernel`).
+
+    Parameters
+    ----------
+    inner : FeatureMap
+        Features of the kernel on the selected columns.
+    dims : Tensor of int64
+        Column indices, in the order the kernel selects them.
+    """
+
+    def __init__(self, inner: FeatureMap, dims: torch.Tensor):
+        self.inner = inner
+        self.dims = torch.as_tensor(dims, dtype=torch.long).reshape(-1)
+        self.n_features = inner.n_features
+
+    def _cols(self, X: torch.Tensor) -> torch.Tensor:
+        if int(self.dims.max()) >= X.shape[1]:
+            raise ValueError(f"the feature map uses input columns {self.dims.tolist()} but X has {X.shape[1]} columns")
+        return X.index_select(1, self.dims.to(X.device))
+
+    def __call__(self, X):
+        return self.inner(self._cols(X))
+
+    def expected_gram(self, X1, X2):
+        """The inner map's expected Gram matrix on the selected columns."""
+        return self.inner.expected_gram(self._cols(X1), self._cols(X2))
+
+    def __repr__(self) -> str:
+        return f"ColumnsFeatureMap({self.inner!r}, dims={self.dims.tolist()})"
+
+
 class NystromFeatureMap(FeatureMap):
     """Nystrom features ``phi(x) = K(x, Z) R^{-1}`` where ``K_ZZ = R^T R`` (Cholesky).
 
@@ -396,8 +380,23 @@ def sum_feature_map(parts: Sequence[Kernel], n_features: int, seed: Optional[int
                              for j, (p, m) in enumerate(zip(parts, sizes))])
 
 
+def _kernel_name(kernel) -> str:
+    name = getattr(kernel, "name", None)
+    return name if isinstance(name, str) else type(kernel).__name__
+
+
+def no_random_features_message(kernel, n_features=None) -> str:
+    """The error for random features of a kernel without a spectral density: names the kernel and the feature
+    modes that work for every kernel (Nystrom, exact)."""
+    what = "random features" if n_features is None else f"random features (n_features={n_features})"
+    return (f"{what} need a kernel with a spectral density (gaussian, laplacian, laplacian_l1, matern, rational "
+            f"quadratic, their sums, output scales and active-dims selections); the kernel {_kernel_name(kernel)} "
+            "has no spectral description: use Nystrom features (features='nystrom') or the exact kernel "
+            "(features='exact', n_features=None)")
+
+
 def make_feature_map(
-    kernel: Kernel,
+    kernel: "Kernel",
     n_features: int,
     *,
     form: str = "cossin",
@@ -405,15 +404,20 @@ def make_feature_map(
     seed: Optional[int] = 0,
     compute_dtype: Optional[torch.dtype] = None,
 ) -> FeatureMap:
-    """Random features for a stationary kernel or a sum of them (features split evenly across parts)."""
-    if isinstance(kernel, StationaryKernel):
-        return RandomFeatureMap(kernel, n_features, form=form, orthogonal=orthogonal, seed=seed,
-                                compute_dtype=compute_dtype)
-    if isinstance(kernel, SumKernel) and kernel.supports_random_features:
-        return sum_feature_map(kernel.parts, n_features, seed, lambda p, m, s: make_feature_map(
-            p, m, form=form, orthogonal=orthogonal and p.family != "laplacian_l1", seed=s, compute_dtype=compute_dtype))
-    kind = kernel.name if isinstance(kernel, CallableKernel) else type(kernel).__name__
-    raise ValueError(
-        f"random features (n_features={n_features}) need a stationary kernel or a sum of them; "
-        f"the kernel {kind} has no spectral description: use n_features=None (exact kernel)"
-    )
+    """Random features of ``kernel``: ``kernel.random_features(n_features, form=..., orthogonal=..., seed=...,
+    compute_dtype=...)``.
+
+    Every :class:`~joker_ext.kernels.Kernel` builds its own map (a kernel with a spectral density a
+    :class:`RandomFeatureMap` on its frequencies; a sum the concatenation of its parts' maps, ``n_features``
+    split evenly, see :func:`sum_feature_map`; an active-dims kernel a :class:`ColumnsFeatureMap`), so this
+    function has no per-kernel dispatch.
+
+    Raises
+    ------
+    ValueError
+        For a kernel without a spectral density (naming it and the modes that work: Nystrom, exact).
+    """
+    build = getattr(kernel, "random_features", None)
+    if build is None:
+        raise ValueError(no_random_features_message(kernel, n_features))
+    return build(n_features, form=form, orthogonal=orthogonal, seed=seed, compute_dtype=compute_dtype)

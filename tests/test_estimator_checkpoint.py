@@ -81,6 +81,12 @@ def _sk_matern():
     return Matern(length_scale=0.8, nu=2.5)
 
 
+def _sk_rq():
+    from sklearn.gaussian_process.kernels import RationalQuadratic
+
+    return 0.5 * RationalQuadratic(length_scale=1.2, alpha=0.8)
+
+
 def _gpytorch_kernel():
     gk = pytest.importorskip("gpytorch").kernels
     k = gk.ScaleKernel(gk.RBFKernel())
@@ -109,6 +115,8 @@ _KERNEL_CASES = {
     "gpytorch-scale(rbf)-exact": (_gpytorch_kernel, None),
     "gpytorch-scale(rbf)-rff": (_gpytorch_kernel, 64),
     "gpytorch-rq+matern-active-dims": (_gpytorch_rq_active_dims, None),
+    "gpytorch-rq+matern-active-dims-rff": (_gpytorch_rq_active_dims, 64),  # core RQ / active-dims features
+    "sk-0.5*rq-rff": (lambda: _sk_rq(), 64),
     "sk-pairwise-poly": (lambda: _pairwise("poly", degree=2, gamma=0.5, coef0=1.0), None),
     "falkon-gaussian-exact": (_falkon_kernel, None),
     "falkon-gaussian-rff": (_falkon_kernel, 64),

@@ -555,3 +555,30 @@ def test_fitted_jokergp_round_trips_through_pickle_and_state_dict(n_features, me
     fresh = JokerGP(*modules(), n_features=n_features, max_iter=40)
     fresh.load_state_dict(torch.load(buf, weights_only=True))
     assert torch.equal(fresh.predict(Xt), ref)
+
+
+@pytest.mark.parametrize("n_features", [None, 256], ids=["exact", "rff"])
+def test_jokergp_with_rq_and_active_dims_round_trips_through_pickle_and_state_dict(n_features):
+    """The RQ and active-dims kernels (core kernels since issue #15, with their own random features) in a fitted
+    JokerGP: identical predictions after pickle and after a state_dict round trip."""
+    import io
+    import pickle
+
+    X, y, Xt = _data(n=90)
+
+    def covar():
+        k = gk.AdditiveKernel(gk.ScaleKernel(gk.RQKernel(active_dims=[0, 2])), gk.MaternKernel(nu=2.5, active_dims=[1]))
+        return k.double()
+
+    jgp = JokerGP(covar(), _gaussian_lik(0.05), n_features=n_features, max_iter=40).fit(X, y)
+    parts = jgp.kernel_.parts
+    assert [type(p).__name__ for p in parts] == ["ActiveDimsKernel", "ActiveDimsKernel"]
+    assert type(parts[0].base).__name__ == "RationalQuadraticKernel"
+    ref = jgp.predict(Xt)
+    assert torch.equal(pickle.loads(pickle.dumps(jgp)).predict(Xt), ref)
+    buf = io.BytesIO()
+    torch.save(jgp.state_dict(), buf)
+    buf.seek(0)
+    fresh = JokerGP(covar(), _gaussian_lik(0.05), n_features=n_features, max_iter=40)
+    fresh.load_state_dict(torch.load(buf, weights_only=True))
+    assert torch.equal(fresh.predict(Xt), ref)

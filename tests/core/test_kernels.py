@@ -136,3 +136,134 @@ def test_per_dimension_sigma_width_mismatch(data):
     A, B = data
     with pytest.raises(ValueError, match="sigma"):
         GaussianKernel([1.0, 2.0])(T(A), T(B))
+
+
+# ----------------------------------------------------------------------------- rational quadratic, active dims
+from sklearn.gaussian_process.kernels import RationalQuadratic  # noqa: E402
+
+from joker_ext.kernels import (  # noqa: E402
+    ActiveDimsKernel,
+    Kernel,
+    RationalQuadraticKernel,
+    kernel_from_description,
+)
+
+
+@pytest.mark.parametrize("length_scale, alpha, s", [(1.3, 0.3, 1.0), (0.7, 2.0, 2.5), (2.0, 50.0, 0.4)])
+def test_rational_quadratic_matches_sklearn(data, length_scale, alpha, s):
+    """k = s (1 + ||x - y||^2 / (2 alpha l^2))^(-alpha), scikit-learn's RationalQuadratic (times a constant)."""
+    A, B = data
+    K = RationalQuadraticKernel(length_scale, alpha, outputscale=s)(T(A), T(B)).numpy()
+    np.testing.assert_allclose(K, s * RationalQuadratic(length_scale=length_scale, alpha=alpha)(A, B),
+                               rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(RationalQuadraticKernel(length_scale, alpha, s).diag(T(A)).numpy(), s, rtol=1e-15)
+
+
+def test_rational_quadratic_matches_gpytorch_ard(data):
+    gk = pytest.importorskip("gpytorch").kernels
+    A, B = data
+    k = gk.RQKernel(ard_num_dims=4).double()
+    k.lengthscale = T([0.5, 1.0, 2.0, 3.0])
+    k.alpha = T(0.8)
+    with torch.no_grad():
+        ref = k(T(A), T(B)).to_dense()
+    ls, alpha = k.lengthscale.detach().reshape(-1), float(k.alpha.detach())  # the values GPyTorch evaluates with
+    torch.testing.assert_close(ls, T([0.5, 1.0, 2.0, 3.0]), rtol=1e-12, atol=0)
+    ours = RationalQuadraticKernel(ls, alpha)(T(A), T(B))
+    torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_rational_quadratic_tends_to_the_gaussian(data):
+    """(1 + r^2 / (2 a))^(-a) -> exp(-r^2 / 2) as a -> infinity, with error ~ r^4 / (8 a)."""
+    A, B = data
+    K = RationalQuadraticKernel(1.7, 1e7)(T(A), T(B)).numpy()
+    np.testing.assert_allclose(K, rbf_kernel(A, B, gamma=1 / (2 * 1.7**2)), atol=1e-6)
+
+
+def test_rational_quadratic_arguments_are_checked():
+    with pytest.raises(ValueError, match="alpha"):
+        RationalQuadraticKernel(1.0, alpha=0.0)
+    with pytest.raises(ValueError, match="outputscale"):
+        RationalQuadraticKernel(1.0, outputscale=-1.0)
+    with pytest.raises(ValueError, match="sigma"):
+        RationalQuadraticKernel(-1.0)
+
+
+@pytest.mark.parametrize("dims", [[2], [3, 0], [1, 1, 2]])
+def test_active_dims_matches_gpytorch(data, dims):
+    """GPyTorch selects the columns in Kernel.__call__ (in the order given, repeats kept)."""
+    gk = pytest.importorskip("gpytorch").kernels
+    A, B = data
+    gp = gk.MaternKernel(nu=2.5, active_dims=dims).double()
+    gp.lengthscale = T(0.9)
+    with torch.no_grad():
+        ref = gp(T(A), T(B)).to_dense()
+    assert float(gp.lengthscale.detach()) == pytest.approx(0.9, rel=1e-13)
+    ours = ActiveDimsKernel(MaternKernel(0.9, 2.5), dims)
+    torch.testing.assert_close(ours(T(A), T(B)), ref, rtol=1e-12, atol=1e-12)
+    # and the closed form: scikit-learn's Matern on the selected columns
+    np.testing.assert_allclose(ours(T(A), T(B)).numpy(), Matern(0.9, nu=2.5)(A[:, dims], B[:, dims]), rtol=1e-10,
+                               atol=1e-12)
+    np.testing.assert_allclose(ours.diag(T(A)).numpy(), 1.0)
+    v = T(np.random.default_rng(5).standard_normal(30))
+    np.testing.assert_allclose(ours.mmv(T(A), T(B), v, chunk_size=7).numpy(), ref.numpy() @ v.numpy(), rtol=1e-12)
+
+
+def test_active_dims_errors():
+    with pytest.raises(ValueError, match="dims"):
+        ActiveDimsKernel(GaussianKernel(1.0), [])
+    with pytest.raises(ValueError, match="dims"):
+        ActiveDimsKernel(GaussianKernel(1.0), [-1])
+    with pytest.raises(TypeError, match="base"):
+        ActiveDimsKernel(lambda a, b: a @ b.T, [0])
+    with pytest.raises(ValueError, match="columns"):
+        ActiveDimsKernel(GaussianKernel(1.0), [5])(torch.zeros(2, 3), torch.zeros(2, 3))
+
+
+def _linear(A, B):
+    return A @ B.T
+
+
+SCALABLE = {
+    "gaussian": lambda: GaussianKernel([0.5, 1.0, 2.0, 3.0], outputscale=1.5),
+    "rq": lambda: RationalQuadraticKernel(1.2, 0.6, outputscale=0.7),
+    "sum": lambda: GaussianKernel(1.0) + RationalQuadraticKernel(2.0, 3.0),
+    "active_dims": lambda: ActiveDimsKernel(RationalQuadraticKernel(0.8, 1.5), [3, 1]),
+    "callable": lambda: CallableKernel(_linear, name="linear"),
+}
+
+
+@pytest.mark.parametrize("name", list(SCALABLE))
+def test_scaled_multiplies_the_kernel(data, name):
+    A, B = data
+    k = SCALABLE[name]()
+    torch.testing.assert_close(k.scaled(2.5)(T(A), T(B)), 2.5 * k(T(A), T(B)), rtol=1e-13, atol=1e-14)
+    with pytest.raises(ValueError, match="factor"):
+        k.scaled(0.0)
+
+
+@pytest.mark.parametrize("name", [n for n in SCALABLE if n != "callable"])
+def test_descriptions_rebuild_the_same_kernel(data, name):
+    import json
+
+    A, B = data
+    k = SCALABLE[name]()
+    back = kernel_from_description(json.loads(json.dumps(k.describe())))
+    assert type(back) is type(k)
+    torch.testing.assert_close(back(T(A), T(B)), k(T(A), T(B)), rtol=0, atol=0)
+
+
+def test_kernels_without_a_spectral_density_name_themselves_and_the_modes_that_work():
+    lin = CallableKernel(_linear, name="my-linear")
+
+    class Plain(Kernel):  # a user's kernel that only evaluates itself
+        def __call__(self, X1, X2):
+            return X1 @ X2.T
+
+    for k, name in [(lin, "my-linear"), (Plain(), "Plain"), (GaussianKernel(1.0) + lin, "my-linear"),
+                    (ActiveDimsKernel(lin, [0]), "my-linear on columns [0]")]:
+        assert not k.supports_random_features
+        with pytest.raises(ValueError, match="spectral") as info:
+            k.random_features(16)
+        msg = str(info.value)
+        assert name in msg and "nystrom" in msg and "exact" in msg, msg
