@@ -81,6 +81,8 @@ def feature_map_for(kernel: Kernel, features: str, n_features: Optional[int] = N
         if centers is None:
             raise invalid("centers", "a tensor of Nystrom centres (M, d) with features='nystrom'", None)
         return NystromFeatureMap(kernel, centers)
+    if n_features is None:
+        raise invalid("n_features", f"a positive integer with features={features!r}", None)
     n_features = check_positive_int("n_features", n_features)
     factory = make_feature_map if random_features is None else random_features
     extra = {} if compute_dtype is None else {"compute_dtype": compute_dtype}
