@@ -16,9 +16,10 @@ GPyTorch                                     joker_ext
 ``ard_num_dims=d``                           ``sigma`` is the vector of the d lengthscales
 ``ScaleKernel(base)`` (outputscale s)        the translated base with its output scale multiplied by s
 ``AdditiveKernel`` / ``k1 + k2``             :class:`joker_ext.kernels.SumKernel` of the translated parts
-``RQKernel`` (l, alpha)                      :class:`RationalQuadraticKernel` (exact), or with
-                                             ``rq='quadrature'`` a SumKernel of Gaussians (see below)
-``active_dims``                              :class:`ActiveDimsKernel` (selects the columns first)
+``RQKernel`` (l, alpha)                      :class:`~joker_ext.kernels.RationalQuadraticKernel` (exact), or
+                                             with ``rq='quadrature'`` a SumKernel of Gaussians (see below)
+``active_dims``                              :class:`~joker_ext.kernels.ActiveDimsKernel` (selects the
+                                             columns first)
 anything else (Linear, Polynomial, Periodic, :class:`joker_ext.kernels.CallableKernel` running the
 products, a user's own kernel)               GPyTorch module's own evaluation block by block
 ============================================ ==========================================================
@@ -37,24 +38,14 @@ base kernel's ``active_dims`` and then calls ``base_kernel.forward`` (no second 
 :class:`AdditiveKernel` calls each part (each part selects its own columns). The translation follows
 exactly these rules.
 
-Rational quadratic kernel as a scale mixture of Gaussians
----------------------------------------------------------
-``(1 + r^2 / (2 a))^(-a) = E_t[exp(-t r^2 / (2 a))]`` with ``t ~ Gamma(a, 1)`` (``r = ||x - y|| / l``).
-Hence
-
-* random features are *exact* (unbiased for the RQ kernel itself): the frequencies of a Gaussian map
-  scaled by ``sqrt(t / a)``, ``t ~ Gamma(a, 1)``, one t per frequency
-  (:meth:`RationalQuadraticKernel.random_feature_map`);
-* a finite mixture ``sum_j w_j exp(-t_j r^2 / (2 a))`` is a :class:`~joker_ext.kernels.SumKernel` of
-  Gaussians with ``sigma_j = l sqrt(a / t_j)`` and output scales ``w_j`` (``rq='quadrature'``). The
-  nodes are a trapezoidal rule in ``u = log t`` (the integrand is analytic in a strip, so the rule
-  converges geometrically in the step) truncated at the ``tol`` and ``1 - 1e-16`` quantiles of
-  ``Gamma(a, 1)``. The truncation costs about ``tol`` in the kernel's tail (a finite mixture of
-  Gaussians decays like a Gaussian, the RQ kernel like ``r^(-2a)``); the step is halved until the
-  maximum error ``max_r |k_Q(r) - k(r)|``, measured on a grid of 4,000 distances spanning
-  ``r^2/(2a)`` in ``[1e-8, 1e12]``, is below ``tol`` (relative to the output scale). The measured
-  error is returned by :func:`rq_quadrature`. Gauss-Laguerre rules were measured and rejected: for
-  ``a <= 1`` their error stays above 1e-2 even with 64 nodes.
+Rational quadratic and active-dims kernels
+------------------------------------------
+Both are core kernels (:class:`joker_ext.kernels.RationalQuadraticKernel`,
+:class:`joker_ext.kernels.ActiveDimsKernel`, re-exported here): this adapter only translates to them. The RQ
+kernel is a Gamma scale mixture of Gaussians, so its random features are *exact* (unbiased for the RQ kernel
+itself; see its docstring for the derivation); ``rq='quadrature'`` describes it instead as a finite SumKernel of
+Gaussians within ``rq_tol`` (:func:`joker_ext.kernels.rq_quadrature`). An active-dims kernel draws the base
+kernel's features of the selected columns.
 
 JokerGP
 -------
@@ -71,13 +62,16 @@ import numpy as np
 import torch
 
 from joker_ext.data import BlockData
-from joker_ext.features import FeatureMap, RandomFeatureMap, sum_feature_map
-from joker_ext.kernels import (
+from joker_ext.features import FeatureMap, feature_mode_options, make_feature_map
+from joker_ext.kernels import (  # RQ and active-dims kernels live in the core; re-exported here
+    ActiveDimsKernel,
     CallableKernel,
     GaussianKernel,
     Kernel,
+    RationalQuadraticKernel,
     StationaryKernel,
     SumKernel,
+    rq_quadrature,
 )
 from joker_ext.losses import Loss
 from joker_ext.defaults import CONVERGENCE_WARN_GAP
@@ -117,206 +111,21 @@ def _gpytorch():
                            install="pip install gpytorch (or: pip install 'joker-ext[gpytorch]')")
 
 
-# ============================================================================ kernels of the adapter
-
-
-class ActiveDimsKernel(Kernel):
-    """``k(x, y) = base(x[dims], y[dims])``: a kernel on a subset of the input columns (GPyTorch's
-    ``active_dims``).
-
-    Parameters
-    ----------
-    base : Kernel
-    dims : sequence of int
-        Column indices, in the order GPyTorch selects them.
-    """
-
-    def __init__(self, base: Kernel, dims: Sequence[int]):
-        if not isinstance(base, Kernel):
-            raise TypeError(f"base must be a joker_ext kernel, got {type(base).__name__}")
-        idx = torch.as_tensor(list(dims) if not torch.is_tensor(dims) else dims.detach().cpu(), dtype=torch.long)
-        if idx.dim() != 1 or idx.numel() == 0 or bool((idx < 0).any()):
-            raise ValueError(f"dims must be a non-empty list of non-negative column indices, got {dims!r}")
-        self.base = base
-        self.dims = idx.reshape(-1)
-        self.supports_random_features = False  # the core's make_feature_map cannot slice columns
-
-    def _cols(self, X: torch.Tensor) -> torch.Tensor:
-        if int(self.dims.max()) >= X.shape[1]:
-            raise ValueError(
-                f"the kernel uses input columns {self.dims.tolist()} (GPyTorch active_dims) but the data have "
-                f"{X.shape[1]} columns"
-            )
-        return X.index_select(1, self.dims.to(X.device))
-
-    def __call__(self, X1, X2):
-        return self.base(self._cols(X1), self._cols(X2))
-
-    def diag(self, X):
-        return self.base.diag(self._cols(X))
-
-    def mmv(self, X1, X2, v, *, chunk_size=None, backend="torch"):
-        return self.base.mmv(self._cols(X1), self._cols(X2), v, chunk_size=chunk_size, backend=backend)
-
-    def describe(self) -> dict:
-        return {"type": "active_dims", "dims": self.dims.tolist(), "base": _describe(self.base)}
-
-    def __repr__(self) -> str:
-        return f"ActiveDimsKernel({self.base!r}, dims={self.dims.tolist()})"
-
-
-class RationalQuadraticKernel(Kernel):
-    """``k(x, y) = s (1 + ||(x - y) / sigma||^2 / (2 alpha))^(-alpha)`` (GPyTorch's ``RQKernel``).
-
-    Parameters
-    ----------
-    sigma : float or array (d,)
-        Lengthscale (GPyTorch ``lengthscale``), one per dimension for ARD.
-    alpha : float
-        Shape (GPyTorch ``alpha``), > 0; alpha -> infinity gives the Gaussian kernel.
-    outputscale : float
-        s.
-    """
-
-    def __init__(self, sigma=1.0, alpha: float = 1.0, outputscale: float = 1.0):
-        self._gauss = GaussianKernel(sigma, outputscale=1.0)  # validates sigma; gives scaled distances
-        a = check_positive("alpha", alpha)
-        s = check_positive("outputscale", outputscale)
-        self.sigma = self._gauss.sigma
-        self.alpha = a
-        self.outputscale = s
-        self.supports_random_features = False  # exact features come from random_feature_map()
-
-    def __call__(self, X1, X2):
-        sq = self._gauss.scaled_distance(X1, X2)  # squared scaled distance
-        K = torch.pow(1.0 + sq / (2.0 * self.alpha), -self.alpha)
-        return K * self.outputscale if self.outputscale != 1.0 else K
-
-    def diag(self, X):
-        return torch.full((X.shape[0],), self.outputscale, dtype=X.dtype, device=X.device)
-
-    def quadrature(self, tol: float = 1e-3) -> SumKernel:
-        """The finite scale mixture of Gaussians of :func:`rq_quadrature` as a SumKernel."""
-        scales, weights, _ = rq_quadrature(self.alpha, tol=tol)
-        sig = self.sigma
-        return SumKernel([
-            GaussianKernel(sig * float(f), outputscale=self.outputscale * float(w)) for f, w in zip(scales, weights)
-        ])
-
-    def random_feature_map(self, n_features: int, *, form: str = "cossin", orthogonal: bool = False,
-                           seed: Optional[int] = 0) -> "FeatureMap":
-        """Unbiased random Fourier features of this kernel (Gamma scale mixture of Gaussians)."""
-        return _GammaMixtureFeatureMap(self, n_features, form=form, orthogonal=orthogonal, seed=seed)
-
-    def describe(self) -> dict:
-        return {"type": "rational_quadratic", "sigma": self.sigma.tolist(), "alpha": self.alpha,
-                "outputscale": self.outputscale}
-
-    def __repr__(self) -> str:
-        return f"RationalQuadraticKernel(sigma={self.sigma.tolist()}, alpha={self.alpha:g}, outputscale={self.outputscale:g})"
-
-
-def _describe(kernel: Kernel) -> dict:
-    d = getattr(kernel, "describe", None)
-    return d() if callable(d) else {"type": type(kernel).__name__}
-
-
-def rq_quadrature(alpha: float, tol: float = 1e-3, max_nodes: int = 4096) -> Tuple[np.ndarray, np.ndarray, float]:
-    """Finite scale mixture of Gaussians for the rational quadratic profile.
-
-    Returns ``(scales, weights, error)`` such that, with ``r`` the distance in lengthscale units,
-    ``sum_j weights[j] * exp(-r^2 / (2 scales[j]^2))`` approximates ``(1 + r^2 / (2 alpha))^(-alpha)``
-    with ``max_r |difference| = error <= tol`` (measured; see the module docstring). ``scales[j] =
-    sqrt(alpha / t_j)`` multiplies the lengthscale of the j-th Gaussian.
-    """
-    from scipy.special import gammaln
-    from scipy.stats import gamma as gamma_dist
-
-    a = check_positive("alpha", alpha)
-    tol = check_number("tol", tol, low=0.0, high=1.0, low_open=True, high_open=True)
-    u_lo = math.log(max(float(gamma_dist.ppf(tol, a)), 1e-300))
-    u_hi = math.log(float(gamma_dist.isf(1e-16, a)))
-    x = np.concatenate([[0.0], np.logspace(-8, 12, 4000)])  # x = r^2 / (2 a)
-    exact = np.exp(-a * np.log1p(x))
-    h = min(1.0, (u_hi - u_lo) / 8.0)
-    while True:
-        q = max(2, int(math.ceil((u_hi - u_lo) / h)) + 1)
-        u = np.linspace(u_lo, u_hi, q)
-        step = u[1] - u[0]
-        logw = math.log(step) + a * u - np.exp(u) - gammaln(a)
-        w = np.exp(logw)
-        w = w / w.sum()  # k(0) exact
-        keep = w > tol * 1e-4
-        t, w = np.exp(u[keep]), w[keep] / w[keep].sum()
-        approx = np.exp(-np.outer(x, t)) @ w
-        err = float(np.abs(approx - exact).max())
-        if err <= tol or q >= max_nodes:
-            break
-        h /= 2.0
-    if err > tol:  # pragma: no cover - only with absurd tolerances
-        warnings.warn(f"rq_quadrature reached {q} nodes with error {err:.2e} > tol={tol:.2e}", RuntimeWarning)
-    return np.sqrt(a / t), w, err
-
-
 # ============================================================================ feature maps
 
 
-class _GammaMixtureFeatureMap(RandomFeatureMap):
-    """Random Fourier features of the RQ kernel: Gaussian frequencies times ``sqrt(t / a)``,
-    ``t ~ Gamma(a, 1)`` (the kernel is ``E_t`` of Gaussians of precision ``t / a``)."""
-
-    def __init__(self, kernel: RationalQuadraticKernel, n_features: int, **kw):
-        super().__init__(GaussianKernel(kernel.sigma, outputscale=kernel.outputscale), n_features, **kw)
-        self.rq_alpha = kernel.alpha
-
-    def _radial_scale(self, m: int, gen: torch.Generator) -> torch.Tensor:
-        seed = int(torch.randint(0, 2**62, (1,), generator=gen))
-        t = np.random.default_rng(seed).gamma(self.rq_alpha, 1.0, size=m)
-        return torch.as_tensor(np.sqrt(t / self.rq_alpha), dtype=torch.float64)
-
-    def __repr__(self) -> str:
-        return f"RQRandomFeatureMap(alpha={self.rq_alpha:g}, n_features={self.n_features}, seed={self.seed})"
-
-
-class _ColumnsFeatureMap(FeatureMap):
-    """``phi(x) = inner(x[dims])``."""
-
-    def __init__(self, inner: FeatureMap, dims: torch.Tensor):
-        self.inner = inner
-        self.dims = dims
-        self.n_features = inner.n_features
-
-    def __call__(self, X):
-        if int(self.dims.max()) >= X.shape[1]:
-            raise ValueError(f"the feature map uses input columns {self.dims.tolist()} but X has {X.shape[1]} columns")
-        return self.inner(X.index_select(1, self.dims.to(X.device)))
-
-
 def random_feature_map(kernel: Kernel, n_features: int, *, form: str = "cossin", orthogonal: bool = False,
-                       seed: Optional[int] = 0) -> FeatureMap:
-    """Random features for every kernel :func:`translate_kernel` can produce except CallableKernel.
-
-    Stationary families use :class:`joker_ext.features.RandomFeatureMap`; the RQ kernel its exact Gamma
-    mixture; ``active_dims`` kernels the features of the selected columns; a SumKernel the concatenation
-    of its parts' features (``n_features`` split evenly, as :func:`joker_ext.features.make_feature_map`).
-    """
+                       seed: Optional[int] = 0, compute_dtype: Optional[torch.dtype] = None) -> FeatureMap:
+    """Random features of a translated kernel: :func:`joker_ext.features.make_feature_map` (the kernel builds its
+    own map: RBF, Matern and RQ kernels, their scales, sums and active_dims), with the GPyTorch spelling of the
+    error for a kernel that has none (Linear, Polynomial, Periodic, products, a user's own)."""
     n_features = check_positive_int("n_features", n_features)
-    if isinstance(kernel, StationaryKernel):
-        return RandomFeatureMap(kernel, n_features, form=form, orthogonal=orthogonal and kernel.family != "laplacian_l1",
-                                seed=seed)
-    if isinstance(kernel, RationalQuadraticKernel):
-        return kernel.random_feature_map(n_features, form=form, orthogonal=orthogonal, seed=seed)
-    if isinstance(kernel, ActiveDimsKernel):
-        return _ColumnsFeatureMap(random_feature_map(kernel.base, n_features, form=form, orthogonal=orthogonal,
-                                                     seed=seed), kernel.dims)
-    if isinstance(kernel, SumKernel):
-        return sum_feature_map(kernel.parts, n_features, seed, lambda p, m, s: random_feature_map(
-            p, m, form=form, orthogonal=orthogonal, seed=s))
-    name = kernel.name if isinstance(kernel, CallableKernel) else type(kernel).__name__
-    raise ValueError(
-        f"random features (n_features={n_features}) need RBF, Matern or RQ kernels (with ScaleKernel, sums and "
-        f"active_dims); the kernel {name} has no spectral description: use n_features=None (exact kernel)"
-    )
+    if not kernel.supports_random_features:
+        raise ValueError(
+            f"random features (n_features={n_features}) need RBF, Matern or RQ kernels (with ScaleKernel, sums and "
+            f"active_dims); the kernel {kernel.name if isinstance(kernel, CallableKernel) else type(kernel).__name__} "
+            "has no spectral description: use n_features=None (exact kernel)")
+    return make_feature_map(kernel, n_features, form=form, orthogonal=orthogonal, seed=seed, compute_dtype=compute_dtype)
 
 
 # ============================================================================ translation
@@ -388,34 +197,6 @@ class _ModuleMeanFn:
         return out.to(X.dtype)
 
 
-class _ScaledCallable:
-    def __init__(self, inner: Callable, scale: float):
-        self.inner, self.scale = inner, scale
-
-    def __call__(self, X1, X2):
-        out = self.inner(X1, X2)
-        if hasattr(out, "to_dense"):
-            out = out.to_dense()
-        return out * self.scale
-
-
-def _scaled(kernel: Kernel, s: float) -> Kernel:
-    """``s * kernel`` in the same description."""
-    if s == 1.0:
-        return kernel
-    if isinstance(kernel, StationaryKernel):
-        return StationaryKernel(kernel.family, kernel.sigma, kernel.nu, kernel.outputscale * s)
-    if isinstance(kernel, RationalQuadraticKernel):
-        return RationalQuadraticKernel(kernel.sigma, kernel.alpha, kernel.outputscale * s)
-    if isinstance(kernel, SumKernel):
-        return SumKernel([_scaled(p, s) for p in kernel.parts])
-    if isinstance(kernel, ActiveDimsKernel):
-        return ActiveDimsKernel(_scaled(kernel.base, s), kernel.dims)
-    if isinstance(kernel, CallableKernel):
-        return CallableKernel(_ScaledCallable(kernel.fn, s), name=f"{s:.6g} * {kernel.name}")
-    raise TypeError(f"cannot scale a kernel of type {type(kernel).__name__}")  # pragma: no cover
-
-
 def _float(value, what: str) -> float:
     t = value.detach().reshape(-1)
     if t.numel() != 1:
@@ -453,7 +234,7 @@ def _translate(k, via_call: bool, rq: str, rq_tol: float) -> Kernel:
         )
     t = type(k)
     if t is K.ScaleKernel:
-        out = _scaled(_translate(k.base_kernel, False, rq, rq_tol), _float(k.outputscale, "outputscale"))
+        out = _translate(k.base_kernel, False, rq, rq_tol).scaled(_float(k.outputscale, "outputscale"))
     elif t is K.AdditiveKernel:
         out = SumKernel([_translate(p, True, rq, rq_tol) for p in k.kernels])
     elif t in rbf_types:
@@ -487,9 +268,8 @@ def translate_kernel(kernel, *, rq: str = "exact", rq_tol: float = 1e-3) -> Kern
     ----------
     kernel : gpytorch.kernels.Kernel
     rq : {'exact', 'quadrature'}
-        How ``RQKernel`` is described: :class:`RationalQuadraticKernel` (exact; random features through
-        :func:`random_feature_map`), or a SumKernel of Gaussians (every joker_ext face, including
-        ``JokerRegressor(n_features=...)``, can draw features for it) within ``rq_tol`` of the kernel.
+        How ``RQKernel`` is described: :class:`~joker_ext.kernels.RationalQuadraticKernel` (exact; its random
+        features are exact too), or a SumKernel of Gaussians within ``rq_tol`` of the kernel.
     rq_tol : float
         Maximum error of the quadrature (relative to the output scale).
 
