@@ -29,7 +29,9 @@ per-dimension sigma)                     its spectral density N(0, diag(sigma)^-
 any other Falkon kernel (Linear,         :class:`~joker_ext.kernels.CallableKernel` evaluating the Falkon
 Polynomial, Sigmoid, a subclass, a       kernel itself, block by block (exact or Nystrom mode; no
 user's own)                              spectral density, so no random features)
-a joker_ext kernel                       unchanged
+a joker_ext kernel                       unchanged: Falkon 0.9 has no rational quadratic or active-dims kernel,
+                                         so pass joker_ext's (``RationalQuadraticKernel``, ``ActiveDimsKernel``;
+                                         random, Nystrom or exact features alike)
 ======================================== ================================================================
 
 Only the exact Falkon classes are translated to spectral descriptions; a subclass (which may override

@@ -7,12 +7,15 @@ conjugate losses, with exact kernels or random features, and faces for scikit-le
 """
 from .estimators import JokerClassifier, JokerRegressor
 from .kernels import (
+    ActiveDimsKernel,
     CallableKernel,
     GaussianKernel,
     Kernel,
     LaplacianKernel,
     LaplacianL1Kernel,
     MaternKernel,
+    RationalQuadraticKernel,
+    SpectralKernel,
     StationaryKernel,
     SumKernel,
     make_kernel,
@@ -36,6 +39,9 @@ __all__ = [
     "MaternKernel",
     "SumKernel",
     "CallableKernel",
+    "SpectralKernel",
+    "RationalQuadraticKernel",
+    "ActiveDimsKernel",
     "make_kernel",
     "median_heuristic",
     "RandomFeatureMap",
