@@ -123,7 +123,7 @@ def random_feature_map(kernel: Kernel, n_features: int, *, form: str = "cossin",
     if not kernel.supports_random_features:
         raise ValueError(
             f"random features (n_features={n_features}) need RBF, Matern or RQ kernels (with ScaleKernel, sums and "
-            f"active_dims); the kernel {kernel.name if isinstance(kernel, CallableKernel) else type(kernel).__name__} "
+            f"active_dims); the kernel {getattr(kernel, 'name', None) or type(kernel).__name__} "
             "has no spectral description: use n_features=None (exact kernel)")
     return make_feature_map(kernel, n_features, form=form, orthogonal=orthogonal, seed=seed, compute_dtype=compute_dtype)
 
