@@ -1,10 +1,10 @@
 """The defaults of a fit, in one place: tolerances, block sizes, iteration budgets, chunk sizes.
 
 Every front end (the scikit-learn estimators, JokerFalkon, JokerGP, the comparison harness) reaches these
-through :func:`joker_ext.plan.make_fit_plan`; none restates a number. The engines' own iteration budgets
-(:data:`joker_ext.engines.NEWTON_MAX_ITER`, :data:`~joker_ext.engines.DBCD_EPOCHS`, ...) and the memory the
-exact Newton engines may take (:data:`~joker_ext.engines.DEFAULT_EXACT_MEMORY`) are the engine registry's and
-are read from it by :func:`joker_ext.engines.default_max_iter` and :func:`~joker_ext.engines.resolve_solver`.
+through :func:`joker_ext.plan.make_fit_plan`; none restates a number. The engine registry's own budgets (the
+Newton engines' :data:`joker_ext.engines.NEWTON_MAX_ITER`, the working-set sizes) and the memory the exact
+Newton engines may take (:data:`~joker_ext.engines.DEFAULT_EXACT_MEMORY`) live with the engines, which read
+DBCD-TR's budget from here (:func:`joker_ext.engines.default_max_iter`).
 
 Tolerances are on the relative duality gap ``(P + D) / max(|P|, |D|)`` (see :mod:`joker_ext.solver`).
 """

@@ -46,6 +46,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from .defaults import BLOCK_EPOCHS
+from .defaults import default_max_iter as block_iterations
 from .results import SolverResult
 
 __all__ = ["register_solver", "get_solver", "available_solvers", "resolve_solver", "supports_intercept",
@@ -62,7 +64,8 @@ NEWTON_MAX_ITER = 100
 WORKING_SET_SIZE = 512
 #: Outer iterations of the working-set engine per ``n / WORKING_SET_SIZE`` (at least ``NEWTON_MAX_ITER``).
 WORKING_SET_ITER_PER_BLOCK = 20
-DBCD_EPOCHS = 50
+#: DBCD-TR's passes over the blocks (:data:`joker_ext.defaults.BLOCK_EPOCHS`).
+DBCD_EPOCHS = BLOCK_EPOCHS
 
 _SOLVERS: Dict[Tuple[str, str], Callable] = {}
 _WITH_INTERCEPT = set()
@@ -188,7 +191,7 @@ def default_max_iter(solver: str, n: int, block_size: int) -> int:
         return NEWTON_MAX_ITER
     if solver == "working_set":
         return max(NEWTON_MAX_ITER, WORKING_SET_ITER_PER_BLOCK * math.ceil(n / WORKING_SET_SIZE))
-    return max(200, DBCD_EPOCHS * math.ceil(n / max(1, block_size)))
+    return block_iterations(n, max(1, block_size), DBCD_EPOCHS)
 
 
 class _Interrupt:
