@@ -207,3 +207,13 @@ def test_importing_the_registry_alone_registers_the_builtin_engines():
     assert out[0] == str(sorted(["auto", "active_set", "dbcd_tr", "newton", "working_set"]))
     assert out[1] == str(sorted(["auto", "dbcd_tr", "newton"]))
     assert out[2] == "True"
+
+
+def test_a_new_cycle_in_the_real_graph_fails():
+    """The machinery still catches a cycle: putting back the registry's old function-local import of an engine
+    closes one."""
+    graph = import_graph()
+    assert find_cycles(graph) == []
+    graph["joker_ext.engines"] = graph["joker_ext.engines"] | {"joker_ext.working_set"}
+    ((comp, path),) = find_cycles(graph)
+    assert "joker_ext.engines" in comp and "joker_ext.working_set" in comp and path[0] == path[-1]

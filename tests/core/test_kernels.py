@@ -267,3 +267,16 @@ def test_kernels_without_a_spectral_density_name_themselves_and_the_modes_that_w
             k.random_features(16)
         msg = str(info.value)
         assert name in msg and "nystrom" in msg and "exact" in msg, msg
+
+
+def test_scikit_learn_rational_quadratic_translates_to_the_core_kernel(data):
+    from sklearn.gaussian_process.kernels import ConstantKernel
+
+    from joker_ext.adapters.sklearn import translate_kernel
+
+    A, B = data
+    sk = ConstantKernel(0.5) * RationalQuadratic(length_scale=1.2, alpha=0.8)
+    k = translate_kernel(sk)
+    assert type(k) is RationalQuadraticKernel and k.outputscale == 0.5 and k.alpha == 0.8
+    np.testing.assert_allclose(k(T(A), T(B)).numpy(), sk(A, B), rtol=1e-12, atol=1e-14)
+    assert k.supports_random_features  # so scikit-learn's RQ runs with n_features= too
