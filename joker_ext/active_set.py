@@ -45,9 +45,10 @@ from typing import Optional, Tuple
 import torch
 
 from .engines import Monitor, register_solver, sigint_as_flag
+from .free_factor import FreeFactor
 from .losses import Loss
 from .memory import is_out_of_memory
-from .newton_exact import cholesky_shifted, cholesky_solve, newton_direction
+from .newton_exact import cholesky_shifted, newton_direction
 from .solver import SolverOptions, SolverResult, orthant_box
 
 __all__ = ["active_set", "supports_active_set"]
@@ -98,6 +99,7 @@ class _Column:
         self.total = float(total)
         self.intercept = intercept
         self.scale = float(diagK.mean()) if diagK.numel() else 1.0
+        self.factor = FreeFactor(cholesky_shifted)
 
     # ------------------------------------------------------------------ one active-set step
     def predict(self, a, f, b: float, s, abar):
@@ -129,26 +131,24 @@ class _Column:
         return self._sets(a, torch.sign(a) if self.kink else torch.ones_like(a))
 
     def solve(self, code, sgn, value, s, abar) -> Tuple[torch.Tensor, float]:
-        """The point with the fixed coordinates at ``value`` and the free ones (and b) solving the KKT system."""
+        """The point with the fixed coordinates at ``value`` and the free ones (and b) solving the KKT system
+        (through :attr:`factor`, which updates the last step's Cholesky factor when the sets changed little)."""
         free = torch.nonzero(code == FREE).reshape(-1)
         a = torch.where(code == FREE, torch.zeros_like(value), value)
         fixed_sum = float(a.sum())
         if free.numel() == 0:
             return a, self._intercept_without_free(a, s, abar) if self.intercept else 0.0
-        everything = free.numel() == a.numel()
-        K_I = self.K if everything else self.K.index_select(0, free)
-        rhs = (self.lin + s * abar)[free] - self.kink * sgn[free] - K_I @ a
-        H = K_I.clone() if everything else K_I.index_select(1, free)
-        del K_I
-        H.diagonal().add_((self.h + s)[free])
-        L = cholesky_shifted(H)
-        del H
+        # the rows K_F: gathered when they are a small part of K, else products go through all of K
+        K_F = self.K.index_select(0, free) if 2 * free.numel() < a.numel() else None
+        Ka = K_F @ a if K_F is not None else (self.K @ a)[free]
+        rhs = (self.lin + s * abar)[free] - self.kink * sgn[free] - Ka
+        V = torch.stack([rhs, torch.ones_like(rhs)], dim=1) if self.intercept else rhs.unsqueeze(1)
+        sol = self.factor.solve(self.K, K_F, free, self.h + s, V)
         if self.intercept:
-            sol = cholesky_solve(torch.stack([rhs, torch.ones_like(rhs)], dim=1), L)
             b = float((sol[:, 0].sum() + fixed_sum - self.total) / sol[:, 1].sum())
             a[free] = sol[:, 0] - b * sol[:, 1]
             return a, b
-        a[free] = cholesky_solve(rhs.unsqueeze(1), L).squeeze(1)
+        a[free] = sol.squeeze(1)
         return a, 0.0
 
     def _intercept_without_free(self, a, s, abar) -> float:

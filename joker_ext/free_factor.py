@@ -1,0 +1,206 @@
+"""A Cholesky factor of the free block of the active-set iterations, kept from one step to the next.
+
+The active-set engines solve, at every step, ``H_FF x = v`` with ``H = K + diag(d)`` and ``F`` the step's free
+set. Consecutive steps (of one proximal round, or of every round when ``d`` does not change: squared hinge,
+Huber) differ in a few coordinates of ``F``, so the factor of the last step serves the next one (the
+updates of the Schur-complement method of QP active-set solvers; Gill, Murray, Saunders and Wright, 1990):
+
+* **Added coordinates** ``A = F \\ U`` (``U`` the coordinates the factor ``L L^T = H_UU`` holds) extend it
+  by a block row: ``S = L^{-1} H_UA``, ``L_A L_A^T = H_AA - S^T S``, the new factor ``[[L, 0], [S^T, L_A]]``
+  (``|U|^2 |A|`` for the triangular solve, ``|A|^3 / 3`` for ``L_A``).
+* **Removed coordinates** ``R = U \\ F`` stay in the factor and are pinned to zero: ``x = H_UU^{-1} (v - E mu)``
+  with ``E`` the columns of the identity at ``R`` and ``mu`` solving ``(E^T H_UU^{-1} E) mu = E^T H_UU^{-1} v``,
+  so that ``x_R = 0`` and ``(H_UU x)_F = v_F``, i.e. ``H_FF x_F = v_F`` (``|U|^2 |R|`` for ``H_UU^{-1} E``).
+
+A step factors ``H_FF`` afresh (``|F|^3 / 3``) when ``d`` changed, when the update would cost more than about half
+of that (``UPDATE_RATIO (|A| + |R|) > |F|``), when the factor holds many more coordinates than ``F``, or when
+``F`` is small (:data:`MIN_UPDATE_SIZE`: the update's bookkeeping then costs as much as the factorisation). Every updated
+solve is checked by its residual ``v - H_FF x`` (one product with the rows ``K_F:`` that the caller has
+gathered anyway) and refined once; a residual still above :data:`RESIDUAL_TOL` (relative to
+``|v| + |H_FF| |x|``, the scale of a fresh factorisation's rounding) means the pinned system lost accuracy,
+and the step factors afresh.
+"""
+from __future__ import annotations
+
+from typing import Callable, List, Optional, Tuple
+
+import torch
+
+__all__ = ["FreeFactor"]
+
+#: An update is used when ``UPDATE_RATIO * (|A| + |R|) <= |F|``: its triangular solves cost ``~ 2 |U|^2`` per
+#: column, a fresh factorisation ``|F|^3 / 3``.
+UPDATE_RATIO = 8
+#: Largest ``|U| / |F|`` an update may leave (beyond: a fresh factor of ``F`` alone), plus :data:`SLACK`.
+MAX_GROWTH = 1.25
+SLACK = 32
+#: Free sets smaller than this are always factored afresh (a factorisation of a few hundred coordinates
+#: costs about as much as the update's bookkeeping).
+MIN_UPDATE_SIZE = 1024
+#: Extensions kept as separate block rows before the next step factors afresh.
+MAX_BLOCKS = 16
+#: Largest relative residual ``|v - H_FF x|_max / (|v|_max + |H_FF|_inf |x|_max)`` of an updated solve after one
+#: refinement step.
+RESIDUAL_TOL = 1e-13
+
+
+def _cholesky(H: torch.Tensor) -> Optional[torch.Tensor]:
+    L, info = torch.linalg.cholesky_ex(H)
+    return L if int(info) == 0 else None
+
+
+def _lower(L: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.solve_triangular(L, B, upper=False)
+
+
+def _upper(L: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.solve_triangular(L.mT, B, upper=True)
+
+
+class FreeFactor:
+    """``(K_FF + diag(d_F))^{-1} V`` for successive free sets ``F`` of one matrix ``K`` (see the module docstring).
+
+    The factor of ``H_UU`` is kept in blocks: the fresh factor ``L_0`` and, per extension ``j``, the block row
+    ``[S_j^T, L_j]`` (never copied into one matrix: a copy of ``|U|^2`` numbers costs as much as the update).
+
+    Parameters
+    ----------
+    fallback : callable
+        ``H -> L``, a Cholesky factorisation for a matrix that is not numerically positive definite (e.g.
+        one that shifts the diagonal); a factor it returns is used once and not kept.
+    """
+
+    def __init__(self, fallback: Callable[[torch.Tensor], torch.Tensor]):
+        self.fallback = fallback
+        self.L0: Optional[torch.Tensor] = None
+        self.rows: List[Tuple[torch.Tensor, torch.Tensor]] = []  # (S_j^T, L_j) per extension
+        self.U: Optional[torch.Tensor] = None
+        self.d: Optional[torch.Tensor] = None
+        self.fresh = 0  # factorisations of a whole free block
+        self.updates = 0  # solves through an updated factor
+        self._row_norms: Optional[torch.Tensor] = None  # |K_i:|_1, for the residual test
+
+    def solve(self, K: torch.Tensor, K_F: Optional[torch.Tensor], free: torch.Tensor, d: torch.Tensor,
+              V: torch.Tensor) -> torch.Tensor:
+        """``(K_FF + diag(d_F))^{-1} V`` for the sorted, unique indices ``free``; ``K_F = K[free, :]`` when the
+        caller has gathered it (else products go through all of ``K``)."""
+        if self.L0 is not None and free.numel() >= MIN_UPDATE_SIZE and torch.equal(self.d, d):
+            X = self._updated_solve(K, K_F, free, d, V)
+            if X is not None:
+                self.updates += 1
+                return X
+        return self._fresh_solve(K, free, d, V)
+
+    def _fresh_solve(self, K, free, d, V):
+        H = K.clone() if free.numel() == K.shape[0] else K[free.unsqueeze(1), free]
+        H.diagonal().add_(d[free])
+        L = _cholesky(H)
+        self.rows = []
+        if L is None:
+            self.L0 = self.U = self.d = None
+            L = self.fallback(H)
+        else:
+            self.L0, self.U, self.d = L, free.clone(), d.clone()
+        del H
+        self.fresh += 1
+        return _upper(L, _lower(L, V))
+
+    # ------------------------------------------------------------------ the blocked factor
+    def _forward(self, V: torch.Tensor) -> torch.Tensor:
+        """``L^{-1} V`` for the first ``V.shape[0]`` coordinates of ``U`` (a whole number of blocks)."""
+        u0 = self.L0.shape[0]
+        Y = V.clone()
+        Y[:u0] = _lower(self.L0, V[:u0])
+        start = u0
+        for St, Lj in self.rows:
+            if start >= V.shape[0]:
+                break
+            stop = start + Lj.shape[0]
+            Y[start:stop] = _lower(Lj, V[start:stop] - St @ Y[:start])
+            start = stop
+        return Y
+
+    def _backward(self, Y: torch.Tensor) -> torch.Tensor:
+        """``L^{-T} Y``."""
+        X = Y.clone()
+        stop = X.shape[0]
+        for St, Lj in reversed(self.rows):
+            start = stop - Lj.shape[0]
+            X[start:stop] = _upper(Lj, X[start:stop])
+            X[:start] -= St.mT @ X[start:stop]
+            stop = start
+        X[:stop] = _upper(self.L0, X[:stop])
+        return X
+
+    # ------------------------------------------------------------------ updates
+    def _updated_solve(self, K, K_F, free, d, V):
+        n, m = d.numel(), free.numel()
+        pos = torch.full((n,), -1, dtype=torch.long, device=d.device)
+        pos[self.U] = torch.arange(self.U.numel(), device=d.device)
+        added = free[pos[free] < 0]
+        n_removed = self.U.numel() - (m - added.numel())
+        if (UPDATE_RATIO * (added.numel() + n_removed) > m or len(self.rows) >= MAX_BLOCKS
+                or self.U.numel() + added.numel() > MAX_GROWTH * m + SLACK):
+            return None
+        if added.numel():
+            if not self._extend(K, added, d):
+                return None
+            pos[added] = torch.arange(self.U.numel() - added.numel(), self.U.numel(), device=d.device)
+        p = pos[free]
+        held = torch.zeros(self.U.numel(), dtype=torch.bool, device=d.device)
+        held[p] = True
+        inverse = self._pinned_inverse(torch.nonzero(~held).reshape(-1), p)
+        if inverse is None:
+            return None
+        X = inverse(V)
+        # |H_FF|_inf |x| bounds the rounding of a fresh factorisation's solve (|K_F:|_1 >= |K_FF|_1 by rows)
+        if self._row_norms is None:
+            self._row_norms = torch.linalg.vector_norm(K, ord=1, dim=1)
+        norm_H = float(self._row_norms[free].max() + d[free].abs().max())
+        for _ in range(2):  # the check, and one refinement step
+            embedded = X.new_zeros(n, X.shape[1])
+            embedded[free] = X
+            HX = K_F @ embedded if K_F is not None else (K @ embedded)[free]
+            R = V - (HX + d[free].unsqueeze(1) * X)
+            if float(R.abs().max()) <= RESIDUAL_TOL * (float(V.abs().max()) + norm_H * float(X.abs().max())):
+                return X
+            X = X + inverse(R)
+        return None
+
+    def _extend(self, K, added, d) -> bool:
+        """Add the block row of ``added`` (False when its Schur complement is not numerically positive
+        definite: the caller then factors afresh)."""
+        K_A = K.index_select(1, added)  # n x |A|: the columns first, then their rows U and A
+        S = self._forward(K_A.index_select(0, self.U))
+        C = K_A.index_select(0, added) - S.mT @ S
+        C.diagonal().add_(d[added])
+        L_A = _cholesky(C)
+        if L_A is None:
+            return False
+        self.rows.append((S.mT.contiguous(), L_A))
+        self.U = torch.cat([self.U, added])
+        return True
+
+    def _pinned_inverse(self, removed: torch.Tensor, p: torch.Tensor):
+        """``V -> H_FF^{-1} V`` through the factor of ``H_UU`` with the coordinates at the positions ``removed``
+        pinned to zero (``p``: the positions of ``F`` in the factor); None when the pinned system is not
+        numerically positive definite."""
+        u = self.U.numel()
+        W = S = None
+        if removed.numel():
+            E = torch.zeros(u, removed.numel(), dtype=self.L0.dtype, device=self.L0.device)
+            E[removed, torch.arange(removed.numel(), device=E.device)] = 1.0
+            W = self._backward(self._forward(E))
+            S = _cholesky(W.index_select(0, removed))
+            if S is None:
+                return None
+
+        def inverse(V):
+            Y = V.new_zeros(u, V.shape[1])
+            Y[p] = V
+            Y = self._backward(self._forward(Y))
+            if W is not None:
+                Y = Y - W @ _upper(S, _lower(S, Y.index_select(0, removed)))
+            return Y[p]
+
+        return inverse
