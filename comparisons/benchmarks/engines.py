@@ -90,6 +90,106 @@ def _sklearn_primal(kw: dict, ref, X, y, f, C: float) -> float:
     return float(0.5 * a @ Ka + C * np.maximum(0.0, np.abs(y - f) - kw["epsilon"]).sum())
 
 
+def _box_qp_optimum(P: np.ndarray, q: np.ndarray, lo: np.ndarray, hi: np.ndarray, equality: bool) -> float:
+    """``min 1/2 a^T P a + q^T a`` over ``lo <= a <= hi`` (and ``sum a = 0``), by Clarabel's interior-point method
+    (a solver independent of joker_ext's engines, used through its own API: cvxpy's compile of a dense
+    n x n quadratic form takes minutes at n = 1,000)."""
+    import clarabel
+    import scipy.sparse as sp
+
+    n = q.size
+    rows, bounds, cones = [], [], []
+    if equality:
+        rows.append(sp.csc_matrix(np.ones((1, n))))
+        bounds.append(np.zeros(1))
+        cones.append(clarabel.ZeroConeT(1))
+    up, down = np.isfinite(hi), np.isfinite(lo)
+    eye = sp.identity(n, format="csc")
+    rows += [eye[up], -eye[down]]
+    bounds += [hi[up], -lo[down]]
+    cones.append(clarabel.NonnegativeConeT(int(up.sum() + down.sum())))
+    settings = clarabel.DefaultSettings()
+    settings.verbose = False
+    settings.tol_gap_abs = settings.tol_gap_rel = settings.tol_feas = 1e-12
+    settings.max_iter = 500
+    solution = clarabel.DefaultSolver(sp.csc_matrix(np.triu(P)), q, sp.vstack(rows, format="csc"),
+                                      np.concatenate(bounds), cones, settings).solve()
+    return float(solution.obj_val)
+
+
+def reference_rows(n: int, seed: int = 0, C: float = 1.0) -> None:
+    """Exact kernels, float64, the losses without a matching scikit-learn estimator: the primal objective of
+    joker_ext's default engine against the optimum of the same problem found by another solver -
+    LIBSVM (scikit-learn's SVR) where the loss maps onto it, Clarabel's interior-point method on the dual QP,
+    scikit-learn's Newton-Cholesky logistic regression on the features ``L`` of ``K = L L^T``. By strong
+    duality the primal optimum is minus the dual QP's optimum."""
+    from sklearn.datasets import make_classification, make_regression
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics.pairwise import rbf_kernel
+    from sklearn.svm import SVR
+
+    from joker_ext import JokerClassifier, JokerRegressor
+
+    X, y = make_regression(n_samples=n, n_features=8, noise=10.0, random_state=seed)
+    X = (X - X.mean(0)) / X.std(0)
+    y = (y - y.mean()) / y.std()
+    Xc, yc = make_classification(n_samples=n, n_features=8, flip_y=0.05, random_state=seed)
+    Xc = (Xc - Xc.mean(0)) / Xc.std(0)
+    ys = 2.0 * yc - 1.0
+    gamma, delta, tau = 0.05, 0.5, 0.8
+    K, Kc = rbf_kernel(X, gamma=gamma), rbf_kernel(Xc, gamma=gamma)
+
+    def primal(Kmat, a, b, values):  # 1/2 a^T K a + C sum l, with f = K a + b
+        f = Kmat @ a + b
+        return float(0.5 * a @ (f - b) + C * values(f).sum()), f
+
+    def absolute():  # LIBSVM: SVR with epsilon = 0 is the absolute loss
+        ref = SVR(C=C, gamma=gamma, epsilon=0.0, tol=1e-10).fit(X, y)
+        a = np.zeros(n)
+        a[ref.support_] = ref.dual_coef_.ravel()
+        return primal(K, a, float(ref.intercept_[0]), lambda f: np.abs(y - f))[0], "LIBSVM SVR(epsilon=0)"
+
+    def huber():  # LIBSVM: the Huber dual is SVR's (epsilon = 0, box C delta) on K + I / C
+        ref = SVR(kernel="precomputed", C=C * delta, epsilon=0.0, tol=1e-10).fit(K + np.eye(n) / C, y)
+        a = np.zeros(n)
+        a[ref.support_] = ref.dual_coef_.ravel()
+        r = lambda f: np.abs(y - f)
+        return primal(K, a, float(ref.intercept_[0]), lambda f: np.where(
+            r(f) <= delta, 0.5 * r(f) ** 2, delta * (r(f) - 0.5 * delta)))[0], "LIBSVM SVR(precomputed K + I/C)"
+
+    def pinball():  # dual: min 1/2 a^T K a - y^T a, C (tau - 1) <= a <= C tau, sum a = 0
+        return -_box_qp_optimum(K, -y, np.full(n, C * (tau - 1.0)), np.full(n, C * tau), True), "Clarabel dual QP"
+
+    def squared_hinge():  # dual: min 1/2 a^T (K + I / C) a - y^T a, y a >= 0
+        lo, hi = np.where(ys > 0, 0.0, -np.inf), np.where(ys > 0, np.inf, 0.0)
+        return -_box_qp_optimum(Kc + np.eye(n) / C, -ys, lo, hi, False), "Clarabel dual QP"
+
+    def logistic():  # primal on the features L of K = L L^T: 1/2 |w|^2 + C sum log(1 + exp(-y L w))
+        lam, V = np.linalg.eigh(Kc)
+        L = V * np.sqrt(np.clip(lam, 0.0, None))
+        ref = LogisticRegression(C=C, fit_intercept=False, solver="newton-cholesky", tol=1e-12,
+                                 max_iter=200).fit(L, yc)
+        w = ref.coef_.ravel()
+        return float(0.5 * w @ w + C * np.logaddexp(0.0, -ys * (L @ w)).sum()), "sklearn LogisticRegression on L"
+
+    print(f"exact kernels, n = {n}, C = {C}, gamma = {gamma}, float64: joker's primal objective against another "
+          "solver's optimum")
+    cases = [
+        ("absolute + intercept", JokerRegressor, X, y, dict(loss="absolute", fit_intercept=True), absolute),
+        ("huber 0.5 + intercept", JokerRegressor, X, y, dict(loss="huber", delta=delta, fit_intercept=True), huber),
+        ("pinball 0.8 + intercept", JokerRegressor, X, y, dict(loss="pinball", quantile=tau, fit_intercept=True),
+         pinball),
+        ("squared hinge", JokerClassifier, Xc, yc, dict(loss="squared_hinge"), squared_hinge),
+        ("logistic", JokerClassifier, Xc, yc, dict(loss="logistic"), logistic),
+    ]
+    for name, cls, Xs, ys_, kw, reference in cases:
+        est, t = _timed(lambda: cls(C=C, gamma=gamma, max_time=600, **kw).fit(Xs, ys_))
+        (p_ref, how), t_ref = _timed(reference)
+        print(f"  {name:24s} joker {est.solver_:11s} {t:6.2f} s  rel gap {est.relative_gap_:.1e}  primal "
+              f"{est.primal_objective_:.12g} | {how}: {t_ref:6.1f} s  optimum {p_ref:.12g}  (joker - ref) / ref "
+              f"{(est.primal_objective_ - p_ref) / abs(p_ref):.1e}", flush=True)
+
+
 def falkon_rows(n: int, M: int, seed: int = 0) -> None:
     try:
         import falkon
@@ -144,10 +244,15 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--exact-n", type=int, nargs="+", default=[4000])
     ap.add_argument("--falkon-n", type=int, nargs="+", default=[1000, 5000])
+    ap.add_argument("--reference-n", type=int, nargs="*", default=[],
+                    help="sizes at which the losses without a scikit-learn estimator are checked against "
+                         "another solver's optimum (Clarabel, LIBSVM; minutes at n = 4000)")
     ap.add_argument("--M", type=int, default=500)
     args = ap.parse_args(argv)
     for n in args.exact_n:
         exact_rows(n)
+    for n in args.reference_n:
+        reference_rows(n)
     for n in args.falkon_n:
         falkon_rows(n, args.M)
 
