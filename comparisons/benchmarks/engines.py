@@ -242,8 +242,8 @@ def falkon_rows(n: int, M: int, seed: int = 0) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--exact-n", type=int, nargs="+", default=[4000])
-    ap.add_argument("--falkon-n", type=int, nargs="+", default=[1000, 5000])
+    ap.add_argument("--exact-n", type=int, nargs="*", default=[4000])
+    ap.add_argument("--falkon-n", type=int, nargs="*", default=[1000, 5000])
     ap.add_argument("--reference-n", type=int, nargs="*", default=[],
                     help="sizes at which the losses without a scikit-learn estimator are checked against "
                          "another solver's optimum (Clarabel, LIBSVM; minutes at n = 4000)")
