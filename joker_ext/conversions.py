@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import math
 
+from .validation import check_positive, check_positive_int
+
 __all__ = [
     "penalty_to_C",
     "C_to_penalty",
@@ -35,19 +37,12 @@ __all__ = [
 
 
 def _positive(name: str, value) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"{name} must be a positive number, got {value!r}") from exc
-    if not math.isfinite(v) or v <= 0:
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-    return v
+    return check_positive(name, value)
 
 
 def _count(n) -> int:
-    if isinstance(n, bool) or int(n) != n or n < 1:
-        raise ValueError(f"n must be a positive integer (number of training points), got {n!r}")
-    return int(n)
+    """The number of training points (an integer >= 1; 100.0 is taken as 100)."""
+    return check_positive_int("n", n, allow_integral_float=True)
 
 
 def penalty_to_C(penalty: float, n: int) -> float:

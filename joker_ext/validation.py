@@ -287,13 +287,23 @@ def check_number(name: str, value, *, low: float = -math.inf, high: float = math
     """A finite number in an interval (``low_open`` / ``high_open`` exclude the ends)."""
     if value is None and allow_none:
         return None
-    lo, hi = "(" if low_open else "[", ")" if high_open else "]"
-    interval = f"in {lo}{low:g}, {high:g}{hi}"
-    v = _real(name, value, f"a number {interval}" + (" or None" if allow_none else ""))
+    interval = _interval(low, high, low_open, high_open)
+    v = _real(name, value, f"a number {interval}".rstrip() + (" or None" if allow_none else ""))
     ok = math.isfinite(v) and (v > low if low_open else v >= low) and (v < high if high_open else v <= high)
     if not ok:
-        raise ValueError(f"{name} must be a finite number {interval}, got {value!r}")
+        raise ValueError(f"{name} must be a finite number {interval}".rstrip() + f", got {value!r}")
     return v
+
+
+def _interval(low: float, high: float, low_open: bool, high_open: bool) -> str:
+    """``'> 0'``, ``'<= 1'``, ``'in [0, 1)'`` or ``''`` (no bound): the allowed range in words."""
+    if math.isinf(low) and math.isinf(high):
+        return ""
+    if math.isinf(high):
+        return f"{'>' if low_open else '>='} {low:g}"
+    if math.isinf(low):
+        return f"{'<' if high_open else '<='} {high:g}"
+    return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
 
 
 def check_fraction(name: str, value) -> float:
@@ -304,21 +314,25 @@ def check_fraction(name: str, value) -> float:
     return v
 
 
-def check_positive_int(name: str, value, *, low: int = 1, allow_none: bool = False,
+def check_positive_int(name: str, value, *, low: int = 1, high: Optional[int] = None, allow_none: bool = False,
                        allow_integral_float: bool = False) -> Optional[int]:
-    """An integer ``>= low`` (bools refused). ``allow_integral_float`` also takes 3.0 (e.g. from TOML)."""
+    """An integer in ``[low, high]`` (``high=None``: no upper bound). Another kind of object (a bool, 2.5, a
+    string) is a TypeError. ``allow_integral_float`` (numbers read from TOML) makes floats a kind of number
+    accepted: 3.0 is taken as 3, and 2.5 is then a bad value (ValueError)."""
     if value is None and allow_none:
         return None
-    expected = ("a positive integer" if low == 1 else f"an integer >= {low}") + (" or None" if allow_none else "")
+    if high is not None:
+        expected = f"an integer in [{low}, {high}]"
+    else:
+        expected = "a positive integer (>= 1)" if low == 1 else f"an integer >= {low}"
+    expected += " or None" if allow_none else ""
     if isinstance(value, bool) or not isinstance(value, (numbers.Integral, np.integer)):
-        if allow_integral_float and isinstance(value, (float, np.floating)) and math.isfinite(value) \
-                and float(value).is_integer():
-            value = int(value)
-        elif isinstance(value, numbers.Real) and not isinstance(value, bool):
-            raise ValueError(f"{name} must be {expected}, got {value!r}")
-        else:
+        if not (allow_integral_float and isinstance(value, (float, np.floating))):
             raise TypeError(f"{name} must be {expected}, got {_describe(value)}")
-    if value < low:
+        if not (math.isfinite(value) and float(value).is_integer()):
+            raise ValueError(f"{name} must be {expected}, got {value!r}")
+        value = int(value)
+    if value < low or (high is not None and value > high):
         raise ValueError(f"{name} must be {expected}, got {value!r}")
     return int(value)
 

@@ -1,19 +1,30 @@
 """Shared argument checks and tensor conversions of the seed-paper solvers.
 
-Every public check raises ``TypeError`` (wrong kind of object) or ``ValueError`` (right kind, bad
-value) with a message naming the argument, what was expected and what came in.
+The checks are joker_ext's one validation layer (:mod:`joker_ext.validation`, re-exported here: ``check_choice``,
+``check_number``, ``check_positive``, ``check_positive_int``, ``check_dtype``, ``check_device``), all called
+``check_*(name, value, ...)`` for parameters; the few below add the solvers' own spellings. Every check raises
+``TypeError`` (wrong kind of object) or ``ValueError`` (right kind, bad value) with a message naming the
+argument, what was expected and what came in.
 """
 from __future__ import annotations
 
 import math
-import numbers
 import time
-from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
 from joker_ext.kernels import Kernel
+from joker_ext.validation import (  # noqa: F401  (re-exported for the solvers)
+    check_choice,
+    check_device,
+    check_dtype,
+    check_number,
+    check_positive,
+    check_positive_int,
+    invalid,
+)
 
 ArrayLike = Union[np.ndarray, torch.Tensor, Sequence]
 
@@ -33,77 +44,14 @@ def _desc(value: Any) -> str:
 def check_kernel(kernel: Any, name: str = "kernel") -> Kernel:
     """Return ``kernel`` if it is a joker_ext kernel object, else raise TypeError."""
     if not isinstance(kernel, Kernel):
-        raise TypeError(
-            f"{name} must be a joker_ext kernel object (e.g. joker_ext.kernels.GaussianKernel(sigma)), "
-            f"got {_desc(kernel)}"
-        )
+        raise invalid(name, "a joker_ext kernel object (e.g. joker_ext.kernels.GaussianKernel(sigma))", kernel,
+                      type_error=True)
     return kernel
-
-
-def check_int(value: Any, name: str, *, low: Optional[int] = None, high: Optional[int] = None,
-              allow_none: bool = False) -> Optional[int]:
-    """Check an integer argument in ``[low, high]``."""
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (numbers.Integral,)):
-        raise TypeError(f"{name} must be an integer{' or None' if allow_none else ''}, got {_desc(value)}")
-    value = int(value)
-    if low is not None and value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value}")
-    if high is not None and value > high:
-        raise ValueError(f"{name} must be an integer <= {high}, got {value}")
-    return value
-
-
-def check_float(value: Any, name: str, *, low: Optional[float] = None, high: Optional[float] = None,
-                low_inclusive: bool = True, allow_none: bool = False) -> Optional[float]:
-    """Check a finite real argument with optional bounds."""
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number{' or None' if allow_none else ''}, got {_desc(value)}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value}")
-    if low is not None:
-        if low_inclusive and value < low:
-            raise ValueError(f"{name} must be >= {low}, got {value}")
-        if not low_inclusive and value <= low:
-            raise ValueError(f"{name} must be > {low}, got {value}")
-    if high is not None and value > high:
-        raise ValueError(f"{name} must be <= {high}, got {value}")
-    return value
-
-
-def check_choice(value: Any, name: str, choices: Iterable[str]) -> str:
-    """Check that ``value`` is one of the strings ``choices``."""
-    choices = tuple(choices)
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be one of {choices}, got {_desc(value)}")
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
-    return value
-
-
-def check_dtype(dtype: Any) -> torch.dtype:
-    """Floating torch dtype (float32 or float64)."""
-    if dtype not in (torch.float32, torch.float64):
-        raise TypeError(f"dtype must be torch.float32 or torch.float64, got {_desc(dtype)}")
-    return dtype
-
-
-def check_device(device: Any) -> torch.device:
-    """A torch device (string or torch.device)."""
-    try:
-        return torch.device(device)
-    except (TypeError, RuntimeError) as exc:
-        raise TypeError(f"device must be a torch device or a string such as 'cpu', got {_desc(device)}") from exc
 
 
 def make_generator(seed: Any, name: str = "seed") -> torch.Generator:
     """A CPU ``torch.Generator`` seeded with ``seed`` (an int)."""
-    seed = check_int(seed, name, low=0)
-    return torch.Generator().manual_seed(seed)
+    return torch.Generator().manual_seed(check_positive_int(name, seed, low=0))
 
 
 def as_matrix(X: Any, name: str, *, dtype: torch.dtype, device: torch.device,
@@ -194,7 +142,7 @@ def check_fitted(obj: Any, attr: str) -> None:
 def check_callback(callback: Any) -> Optional[Callable[[Dict[str, Any]], Any]]:
     """``callback`` must be None or callable (it receives a dict of progress information)."""
     if callback is not None and not callable(callback):
-        raise TypeError(f"callback must be a callable taking a dict, or None, got {_desc(callback)}")
+        raise invalid("callback", "a callable taking a dict, or None", callback, type_error=True)
     return callback
 
 
@@ -242,7 +190,7 @@ class Stopwatch:
 
 def check_max_time(value: Any) -> Optional[float]:
     """``max_time``: None (no time budget) or a number of seconds > 0."""
-    return check_float(value, "max_time", low=0.0, low_inclusive=False, allow_none=True)
+    return check_positive("max_time", value, allow_none=True)
 
 
 class LazyValue:

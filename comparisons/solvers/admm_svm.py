@@ -53,8 +53,8 @@ from ._common import (
     check_device,
     check_dtype,
     check_fitted,
-    check_float,
-    check_int,
+    check_number,
+    check_positive_int,
     check_callback,
     check_kernel,
     check_max_time,
@@ -135,19 +135,19 @@ class ADMMSVM:
                  device: Union[str, torch.device] = "cpu", dtype: torch.dtype = torch.float64):
         self.kernel = check_kernel(kernel)
         self.max_time = check_max_time(max_time)
-        self.C = check_float(C, "C", low=0.0, low_inclusive=False)
-        self.beta = check_float(beta, "beta", low=0.0, low_inclusive=False, allow_none=True)
-        self.max_iter = check_int(max_iter, "max_iter", low=1)
+        self.C = check_number("C", C, low=0.0, low_open=True)
+        self.beta = check_number("beta", beta, low=0.0, low_open=True, allow_none=True)
+        self.max_iter = check_positive_int("max_iter", max_iter, low=1)
         if not isinstance(converged, bool):
             raise TypeError(f"converged must be a bool, got {converged!r} ({type(converged).__name__})")
         self.converged = converged
-        self.tol = check_float(tol, "tol", low=0.0)
-        self.eps_abs = check_float(eps_abs, "eps_abs", low=0.0)
-        self.mode = check_choice(mode, "mode", ("exact", "hss"))
+        self.tol = check_number("tol", tol, low=0.0)
+        self.eps_abs = check_number("eps_abs", eps_abs, low=0.0)
+        self.mode = check_choice("mode", mode, ("exact", "hss"))
         if hss_options is not None and not isinstance(hss_options, dict):
             raise TypeError(f"hss_options must be a dict of HSSMatrix.from_kernel arguments, got {type(hss_options).__name__}")
         self.hss_options = dict(hss_options or {})
-        self.seed = check_int(seed, "seed", low=0)
+        self.seed = check_positive_int("seed", seed, low=0)
         self.device = check_device(device)
         self.dtype = check_dtype(dtype)
         self.notes: List[str] = []

@@ -49,8 +49,8 @@ from ._common import (
     check_device,
     check_dtype,
     check_fitted,
-    check_float,
-    check_int,
+    check_number,
+    check_positive_int,
     check_callback,
     check_kernel,
     check_max_time,
@@ -171,23 +171,23 @@ class ASkotch:
                  seed: int = 0, device: Union[str, torch.device] = "cpu", dtype: torch.dtype = torch.float64):
         self.kernel = check_kernel(kernel)
         self.max_time = check_max_time(max_time)
-        self.lam = check_float(lam, "lam", low=0.0, low_inclusive=False)
-        self.block_size = check_int(block_size, "block_size", low=1, allow_none=True)
-        self.rank = check_int(rank, "rank", low=1)
+        self.lam = check_number("lam", lam, low=0.0, low_open=True)
+        self.block_size = check_positive_int("block_size", block_size, low=1, allow_none=True)
+        self.rank = check_positive_int("rank", rank, low=1)
         if isinstance(rho, str):
-            self.rho = check_choice(rho, "rho", ("damped", "regularization"))
+            self.rho = check_choice("rho", rho, ("damped", "regularization"))
         else:
-            self.rho = check_float(rho, "rho", low=0.0, low_inclusive=False)
+            self.rho = check_number("rho", rho, low=0.0, low_open=True)
         if not isinstance(accelerated, bool):
             raise TypeError(f"accelerated must be a bool, got {accelerated!r} ({type(accelerated).__name__})")
         self.accelerated = accelerated
-        self.max_iter = check_int(max_iter, "max_iter", low=0)
-        self.tol = check_float(tol, "tol", low=0.0, allow_none=True)
-        self.eval_every = check_int(eval_every, "eval_every", low=1, allow_none=True)
-        self.mu = check_float(mu, "mu", low=0.0, low_inclusive=False, allow_none=True)
-        self.nu = check_float(nu, "nu", low=0.0, low_inclusive=False, allow_none=True)
-        self.power_iters = check_int(power_iters, "power_iters", low=1)
-        self.seed = check_int(seed, "seed", low=0)
+        self.max_iter = check_positive_int("max_iter", max_iter, low=0)
+        self.tol = check_number("tol", tol, low=0.0, allow_none=True)
+        self.eval_every = check_positive_int("eval_every", eval_every, low=1, allow_none=True)
+        self.mu = check_number("mu", mu, low=0.0, low_open=True, allow_none=True)
+        self.nu = check_number("nu", nu, low=0.0, low_open=True, allow_none=True)
+        self.power_iters = check_positive_int("power_iters", power_iters, low=1)
+        self.seed = check_positive_int("seed", seed, low=0)
         self.device = check_device(device)
         self.dtype = check_dtype(dtype)
         self.notes: List[str] = []

@@ -55,9 +55,9 @@ from ._common import (
     check_device,
     check_dtype,
     check_fitted,
-    check_float,
+    check_number,
     check_callback,
-    check_int,
+    check_positive_int,
     check_max_time,
     make_generator,
     output_like,
@@ -172,7 +172,7 @@ class DoublyStochasticGradient:
         if isinstance(kernel_family, StationaryKernel):
             self.kernel = kernel_family
         elif isinstance(kernel_family, str):
-            check_choice(kernel_family, "kernel_family", KERNEL_FAMILIES)
+            check_choice("kernel_family", kernel_family, KERNEL_FAMILIES)
             if kernel_family == "matern":
                 mn = 1.5 if matern_nu is None else matern_nu
                 if mn not in (0.5, 1.5, 2.5):
@@ -186,17 +186,17 @@ class DoublyStochasticGradient:
         else:
             raise TypeError(f"kernel_family must be one of {KERNEL_FAMILIES} or a StationaryKernel, "
                             f"got {_desc(kernel_family)}")
-        self.loss = check_choice(loss, "loss", LOSSES)
-        self.nu = check_float(nu, "nu", low=0.0, low_inclusive=False)
-        self.theta = check_float(theta, "theta", low=0.0, low_inclusive=False)
-        self.eta = check_float(eta, "eta", low=0.0, allow_none=True)
-        self.batch_size = check_int(batch_size, "batch_size", low=1)
-        self.n_features_per_iter = check_int(n_features_per_iter, "n_features_per_iter", low=1)
-        self.n_iter = check_int(n_iter, "n_iter", low=1)
+        self.loss = check_choice("loss", loss, LOSSES)
+        self.nu = check_number("nu", nu, low=0.0, low_open=True)
+        self.theta = check_number("theta", theta, low=0.0, low_open=True)
+        self.eta = check_number("eta", eta, low=0.0, allow_none=True)
+        self.batch_size = check_positive_int("batch_size", batch_size, low=1)
+        self.n_features_per_iter = check_positive_int("n_features_per_iter", n_features_per_iter, low=1)
+        self.n_iter = check_positive_int("n_iter", n_iter, low=1)
         if not isinstance(keep_features, bool):
             raise TypeError(f"keep_features must be a bool, got {_desc(keep_features)}")
         self.keep_features = keep_features
-        self.seed = check_int(seed, "seed", low=0)
+        self.seed = check_positive_int("seed", seed, low=0)
         self.device = check_device(device)
         self.dtype = check_dtype(dtype)
         self.notes: List[str] = []
@@ -223,7 +223,8 @@ class DoublyStochasticGradient:
         """
         callback = check_callback(callback)
         watch = Stopwatch(self.max_time)
-        every = max(1, self.n_iter // 20) if callback_every is None else check_int(callback_every, "callback_every", low=1)
+        every = max(1, self.n_iter // 20) if callback_every is None else \
+            check_positive_int("callback_every", callback_every, low=1)
         X = as_matrix(X, "X", dtype=self.dtype, device=self.device)
         n, d = X.shape
         if self.loss == "squared":
@@ -316,7 +317,7 @@ class DoublyStochasticGradient:
         check_fitted(self, "coef_")
         Xt = as_matrix(X, "X", dtype=self.dtype, device=self.device, n_features=self.n_features_in_)
         T_all, M, k = self.coef_.shape
-        T = T_all if n_iter is None else check_int(n_iter, "n_iter", low=0, high=T_all)
+        T = T_all if n_iter is None else check_positive_int("n_iter", n_iter, low=0, high=T_all)
         s = float(self.scale_[T])
         if math.isnan(s):
             raise ValueError(f"the model after iteration {T} is unavailable (coefficients were renormalised later)")

@@ -77,8 +77,8 @@ from ._common import (
     check_device,
     check_dtype,
     check_fitted,
-    check_float,
-    check_int,
+    check_number,
+    check_positive_int,
     check_callback,
     check_kernel,
     check_max_time,
@@ -260,14 +260,14 @@ def _eigenpro_epoch(kernel: Kernel, P: torch.Tensor, T: torch.Tensor, alpha: tor
 
 def _check_batch(value: Any, name: str) -> Union[str, int]:
     if isinstance(value, str):
-        return check_choice(value, name, ("auto",))
-    return check_int(value, name, low=1)
+        return check_choice(name, value, ("auto",))
+    return check_positive_int(name, value, low=1)
 
 
 def _check_step(value: Any, name: str) -> Union[str, float]:
     if isinstance(value, str):
-        return check_choice(value, name, ("auto",))
-    return check_float(value, name, low=0.0, low_inclusive=False)
+        return check_choice(name, value, ("auto",))
+    return check_number(name, value, low=0.0, low_open=True)
 
 
 # ---------------------------------------------------------------------------- EigenPro 2
@@ -342,17 +342,17 @@ class EigenPro2:
                  device: Union[str, torch.device] = "cpu", dtype: torch.dtype = torch.float64):
         self.kernel = check_kernel(kernel)
         self.max_time = check_max_time(max_time)
-        self.n_nystrom = check_int(n_nystrom, "n_nystrom", low=1, allow_none=True)
-        self.top_q = check_int(top_q, "top_q", low=0, allow_none=True)
+        self.n_nystrom = check_positive_int("n_nystrom", n_nystrom, low=1, allow_none=True)
+        self.top_q = check_positive_int("top_q", top_q, low=0, allow_none=True)
         self.batch_size = _check_batch(batch_size, "batch_size")
         self.step = _check_step(step, "step")
-        self.ridge = check_float(ridge, "ridge", low=0.0)
-        self.epochs = check_int(epochs, "epochs", low=0)
-        self.tol = check_float(tol, "tol", low=0.0, allow_none=True)
+        self.ridge = check_number("ridge", ridge, low=0.0)
+        self.epochs = check_positive_int("epochs", epochs, low=0)
+        self.tol = check_number("tol", tol, low=0.0, allow_none=True)
         if not isinstance(track_residual, bool):
             raise TypeError(f"track_residual must be a bool, got {track_residual!r} ({type(track_residual).__name__})")
         self.track_residual = track_residual
-        self.seed = check_int(seed, "seed", low=0)
+        self.seed = check_positive_int("seed", seed, low=0)
         self.device = check_device(device)
         self.dtype = check_dtype(dtype)
         self.notes: List[str] = []
@@ -535,7 +535,7 @@ class EigenPro3:
                  track_residual: bool = True, seed: int = 0,
                  device: Union[str, torch.device] = "cpu", dtype: torch.dtype = torch.float64):
         self.kernel = check_kernel(kernel)
-        self.tol = check_float(tol, "tol", low=0.0, allow_none=True)
+        self.tol = check_number("tol", tol, low=0.0, allow_none=True)
         self.max_time = check_max_time(max_time)
         if centers is None and n_centers is None:
             raise ValueError("EigenPro3 needs the centres: pass centers (array (p, d)) or n_centers (int), got neither")
@@ -544,20 +544,20 @@ class EigenPro3:
         self.device = check_device(device)
         self.dtype = check_dtype(dtype)
         self.centers = None if centers is None else as_matrix(centers, "centers", dtype=self.dtype, device=self.device)
-        self.n_centers = check_int(n_centers, "n_centers", low=1, allow_none=True)
-        self.n_nystrom = check_int(n_nystrom, "n_nystrom", low=1, allow_none=True)
-        self.top_q = check_int(top_q, "top_q", low=0, allow_none=True)
+        self.n_centers = check_positive_int("n_centers", n_centers, low=1, allow_none=True)
+        self.n_nystrom = check_positive_int("n_nystrom", n_nystrom, low=1, allow_none=True)
+        self.top_q = check_positive_int("top_q", top_q, low=0, allow_none=True)
         self.batch_size = _check_batch(batch_size, "batch_size")
         self.step = _check_step(step, "step")
-        self.epochs = check_int(epochs, "epochs", low=0)
-        self.projection = check_choice(projection, "projection", ("eigenpro2", "exact"))
-        self.projection_epochs = check_int(projection_epochs, "projection_epochs", low=1)
-        self.projection_nystrom = check_int(projection_nystrom, "projection_nystrom", low=1, allow_none=True)
-        self.projection_top_q = check_int(projection_top_q, "projection_top_q", low=0, allow_none=True)
+        self.epochs = check_positive_int("epochs", epochs, low=0)
+        self.projection = check_choice("projection", projection, ("eigenpro2", "exact"))
+        self.projection_epochs = check_positive_int("projection_epochs", projection_epochs, low=1)
+        self.projection_nystrom = check_positive_int("projection_nystrom", projection_nystrom, low=1, allow_none=True)
+        self.projection_top_q = check_positive_int("projection_top_q", projection_top_q, low=0, allow_none=True)
         if not isinstance(track_residual, bool):
             raise TypeError(f"track_residual must be a bool, got {track_residual!r} ({type(track_residual).__name__})")
         self.track_residual = track_residual
-        self.seed = check_int(seed, "seed", low=0)
+        self.seed = check_positive_int("seed", seed, low=0)
         self.notes: List[str] = [_EP3_NO_RIDGE]
         self.alpha_: Optional[torch.Tensor] = None
 

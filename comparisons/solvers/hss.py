@@ -62,8 +62,8 @@ from ._common import (
     check_choice,
     check_device,
     check_dtype,
-    check_float,
-    check_int,
+    check_number,
+    check_positive_int,
     check_kernel,
 )
 
@@ -302,14 +302,14 @@ class HSSMatrix:
         dtype = check_dtype(dtype)
         Xt = as_matrix(X, "X", dtype=torch.float64, device=torch.device("cpu"))
         n = Xt.shape[0]
-        max_rank = check_int(max_rank, "max_rank", low=1)
-        rel_tol = check_float(rel_tol, "rel_tol", low=0.0)
-        leaf_size = max(2 * max_rank, 32) if leaf_size is None else check_int(leaf_size, "leaf_size", low=1)
-        n_neighbors = min(32, n - 1) if n_neighbors is None else check_int(n_neighbors, "n_neighbors", low=0)
-        n_random = max_rank if n_random is None else check_int(n_random, "n_random", low=0)
-        max_samples = 3 * max_rank if max_samples is None else check_int(max_samples, "max_samples", low=1)
-        check_choice(neighbors, "neighbors", ("auto", "exact", "approximate"))
-        seed = check_int(seed, "seed", low=0)
+        max_rank = check_positive_int("max_rank", max_rank, low=1)
+        rel_tol = check_number("rel_tol", rel_tol, low=0.0)
+        leaf_size = max(2 * max_rank, 32) if leaf_size is None else check_positive_int("leaf_size", leaf_size, low=1)
+        n_neighbors = min(32, n - 1) if n_neighbors is None else check_positive_int("n_neighbors", n_neighbors, low=0)
+        n_random = max_rank if n_random is None else check_positive_int("n_random", n_random, low=0)
+        max_samples = 3 * max_rank if max_samples is None else check_positive_int("max_samples", max_samples, low=1)
+        check_choice("neighbors", neighbors, ("auto", "exact", "approximate"))
+        seed = check_positive_int("seed", seed, low=0)
         rng = np.random.default_rng(seed)
 
         Zs = kernel.scale_inputs(Xt) if isinstance(kernel, StationaryKernel) else Xt
@@ -438,7 +438,7 @@ class HSSMatrix:
         ``refine`` steps of iterative refinement (one HSS matvec and one solve each) are applied by
         ``solve``; they recover full accuracy when the shift is small compared with the kernel's scale.
         """
-        shift = check_float(shift, "shift")
+        shift = check_number("shift", shift)
         return HSSFactorization(self, shift, refine)
 
     def solve(self, b: Any, shift: float = 0.0) -> Union[np.ndarray, torch.Tensor]:
@@ -457,7 +457,7 @@ class HSSFactorization:
     def __init__(self, hss: HSSMatrix, shift: float, refine: int = 1):
         self.hss = hss
         self.shift = float(shift)
-        self.refine = check_int(refine, "refine", low=0)
+        self.refine = check_positive_int("refine", refine, low=0)
         nodes = hss.nodes
         self._lu: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
         self._W: Dict[int, torch.Tensor] = {}
