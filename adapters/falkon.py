@@ -54,7 +54,7 @@ from sklearn.exceptions import NotFittedError
 from joker_ext.conversions import penalty_to_C
 from joker_ext.data import BlockData
 from joker_ext.distributed import SingleProcess, row_shards
-from joker_ext.defaults import PRACTICAL_TOL, default_block_size
+from joker_ext.defaults import CHUNK_ROWS, PRACTICAL_TOL, default_block_size
 from joker_ext.kernels import CallableKernel, Kernel, StationaryKernel, keops_available, matern_family
 from joker_ext.losses import Loss, get_loss
 from joker_ext.memory import plan_blocks
@@ -327,7 +327,7 @@ def _sizes(mode: str, n: int, d: int, M: int, T: int, itemsize: int, budget: flo
         b = cap if 4 * M <= cap else max(_MIN_BLOCK, min(cap, M // 4))
     b = max(1, min(b, n))
     width = M if mode != "exact" else b
-    chunk = max(64, min(4096, (1 << 24) // max(1, width)))
+    chunk = max(64, min(CHUNK_ROWS, (1 << 24) // max(1, width)))
     if math.isfinite(budget):
         avail = budget - (2.0 * M * M * itemsize if mode == "nystrom" else 0.0)
         try:

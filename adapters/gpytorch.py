@@ -62,7 +62,8 @@ import numpy as np
 import torch
 
 from joker_ext.data import BlockData
-from joker_ext.features import FeatureMap, feature_mode_options, make_feature_map
+from joker_ext.defaults import CHUNK_ROWS, CONVERGENCE_WARN_GAP
+from joker_ext.features import FeatureMap, make_feature_map
 from joker_ext.kernels import (  # RQ and active-dims kernels live in the core; re-exported here
     ActiveDimsKernel,
     CallableKernel,
@@ -74,7 +75,6 @@ from joker_ext.kernels import (  # RQ and active-dims kernels live in the core; 
     rq_quadrature,
 )
 from joker_ext.losses import Loss
-from joker_ext.defaults import CONVERGENCE_WARN_GAP
 from joker_ext.model import KernelModel
 from joker_ext.plan import RANDOM_FEATURE_MODES, FitPlan, feature_map_for, make_fit_plan
 from joker_ext.validation import (
@@ -579,7 +579,7 @@ class JokerGP(torch.nn.Module):
         if torch.is_tensor(X_src):
             check_magnitude(X_src, "train_x", dtype=dtype)
         else:  # a map-style Dataset: one pass, block by block
-            for start, stop, Xc in data.chunks(4096):
+            for start, stop, Xc in data.chunks(CHUNK_ROWS):
                 check_features(Xc, f"train_x (rows {start} to {stop - 1})")
                 check_magnitude(Xc, f"train_x (rows {start} to {stop - 1})", dtype=dtype, d=d)
         y, _ = check_targets(y, n, "train_y", dtype=torch.float64, x_name="train_x", ndim=(1,))
@@ -600,7 +600,7 @@ class JokerGP(torch.nn.Module):
         else:
             Y = y.clone()
             if self._mean_eval is not None:
-                for start, stop, Xc in data.chunks(4096):
+                for start, stop, Xc in data.chunks(CHUNK_ROWS):
                     Y[start:stop] -= self._mean_eval(Xc.to(torch.float64)).to(Y.device)
                 check_features(Y.reshape(n, 1), "train_y - mean_module(train_x)")
         scale = n * max(1.0, float(Y.abs().max()))
@@ -676,7 +676,7 @@ class JokerGP(torch.nn.Module):
         fm = self.feature_map_
         M = fm.n_features
         A = torch.eye(M, dtype=data.dtype, device=data.device)
-        for start, stop, Xc in data.chunks(4096):
+        for start, stop, Xc in data.chunks(CHUNK_ROWS):
             Phi = fm(Xc)
             A += Phi.T @ (Phi * c[start:stop].unsqueeze(1))
         return torch.linalg.cholesky(0.5 * (A + A.T))
@@ -759,10 +759,10 @@ class JokerGP(torch.nn.Module):
                              "(Bayesian linear regression in feature space); exact mode gives the mean only")
         var = torch.empty_like(f)
         L = self.precision_chol_
-        for start in range(0, X.shape[0], 4096):
-            Phi = self.feature_map_(X[start:start + 4096])
+        for start in range(0, X.shape[0], CHUNK_ROWS):
+            Phi = self.feature_map_(X[start:start + CHUNK_ROWS])
             Z = torch.linalg.solve_triangular(L, Phi.T, upper=False)
-            var[start:start + 4096] = (Z * Z).sum(0)
+            var[start:start + CHUNK_ROWS] = (Z * Z).sum(0)
         return f, var
 
     def forward(self, test_x):
