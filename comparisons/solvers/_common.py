@@ -54,18 +54,22 @@ def make_generator(seed: Any, name: str = "seed") -> torch.Generator:
     return torch.Generator().manual_seed(check_positive_int(name, seed, low=0))
 
 
+def _tensor(value: Any, name: str, numeric: str, shape: str) -> torch.Tensor:
+    """``value`` (a tensor, an array or nested lists of numbers) as a tensor, or TypeError naming ``name``."""
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, (np.ndarray, list, tuple)):
+        try:
+            return torch.as_tensor(np.asarray(value, dtype=np.float64))
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"{name} must be a numeric {numeric}, got {_desc(value)}") from exc
+    raise TypeError(f"{name} must be a numpy array or torch tensor of shape {shape}, got {_desc(value)}")
+
+
 def as_matrix(X: Any, name: str, *, dtype: torch.dtype, device: torch.device,
               n_features: Optional[int] = None) -> torch.Tensor:
     """Convert ``X`` to a finite 2-D tensor (n, d) of ``dtype`` on ``device``."""
-    if isinstance(X, torch.Tensor):
-        T = X.detach()
-    elif isinstance(X, np.ndarray) or isinstance(X, (list, tuple)):
-        try:
-            T = torch.as_tensor(np.asarray(X, dtype=np.float64))
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"{name} must be a numeric 2-D array or tensor, got {_desc(X)}") from exc
-    else:
-        raise TypeError(f"{name} must be a numpy array or torch tensor of shape (n, d), got {_desc(X)}")
+    T = _tensor(X, name, "2-D array or tensor", "(n, d)")
     if not (T.is_floating_point() or T.dtype in (torch.int32, torch.int64, torch.int16, torch.uint8)):
         raise TypeError(f"{name} must hold real numbers, got {_desc(X)}")
     if T.dim() != 2:
@@ -82,15 +86,7 @@ def as_matrix(X: Any, name: str, *, dtype: torch.dtype, device: torch.device,
 
 def as_targets(y: Any, n: int, *, dtype: torch.dtype, device: torch.device, name: str = "y") -> Tuple[torch.Tensor, bool]:
     """Targets as an (n, t) tensor; the flag says whether ``y`` was 1-D."""
-    if isinstance(y, torch.Tensor):
-        T = y.detach()
-    elif isinstance(y, (np.ndarray, list, tuple)):
-        try:
-            T = torch.as_tensor(np.asarray(y, dtype=np.float64))
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"{name} must be a numeric 1-D or 2-D array, got {_desc(y)}") from exc
-    else:
-        raise TypeError(f"{name} must be a numpy array or torch tensor of shape (n,) or (n, t), got {_desc(y)}")
+    T = _tensor(y, name, "1-D or 2-D array", "(n,) or (n, t)")
     if T.dim() not in (1, 2):
         raise ValueError(f"{name} must be 1-D (n,) or 2-D (n, t), got shape {tuple(T.shape)}")
     if T.shape[0] != n:
