@@ -811,6 +811,8 @@ class JokerFalkon(_FalkonFace):
         As Falkon: ``fit_times_[0]`` the preparation time, then the elapsed time at each report.
     kernel_, features_, feature_map_, model_, result_, seed_, block_size_, n_iter_, n_epochs_, status_,
     converged_, relative_gap_, C_
+    fit_plan_ : joker_ext.plan.FitPlan
+        What the fit ran (:func:`joker_ext.plan.make_fit_plan`): kernel, feature map, costs, engine, options.
     """
 
     def __init__(self, kernel, penalty, M, center_selection="uniform", maxiter=20, seed=None, error_fn=None,

@@ -389,6 +389,8 @@ class JokerGP(torch.nn.Module):
         Cholesky factor of the feature-space posterior precision (buffer; ``predictive_variance=True``).
     kernel_, feature_map_, loss_ : the translated kernel, feature map and loss
     n_iter_, status_, relative_gap_, history_ : solver report
+    fit_plan_ : joker_ext.plan.FitPlan
+        What the fit ran (:func:`joker_ext.plan.make_fit_plan`): kernel, feature map, costs, engine, options.
 
     Notes
     -----
