@@ -59,6 +59,14 @@ def _to_numpy(X):
     return X
 
 
+def _store_params(estimator, params: dict) -> None:
+    """Store the constructor's arguments on ``estimator`` as they came (scikit-learn's convention: ``__init__``
+    only stores, ``fit`` validates); ``params`` is the constructor's ``locals()``."""
+    for name, value in params.items():
+        if name not in ("self", "__class__"):
+            setattr(estimator, name, value)
+
+
 def _fingerprint(*arrays) -> str:
     """A cheap identity of the training data (shapes, a strided sample of rows and the column sums),
     used to decide whether ``warm_start`` may reuse the previous dual variables."""
@@ -786,6 +794,9 @@ _COMMON_ATTRS_DOC = """
         ``b`` (zero when ``fit_intercept=False``).
     kernel_, sigma_, gamma_, feature_map_, loss_
         The effective kernel, bandwidth (and its gamma when defined), feature map and loss.
+    fit_plan_ : joker_ext.plan.FitPlan
+        What the fit ran: kernel, feature map, loss and per-sample costs, engine (``solver_``), tolerance, block
+        size and iteration budget (:func:`joker_ext.plan.make_fit_plan`).
     n_iter_, n_intercept_rounds_, status_
         Block iterations, solves of the intercept search, and 'converged' / 'max_iter' / 'max_time'.
     primal_objective_, dual_objective_, duality_gap_, relative_gap_, history_
@@ -808,32 +819,7 @@ class JokerRegressor(RegressorMixin, _JokerBase):
                  delta=1.0, quantile=0.5, device="cpu", dtype="float64", random_state=None, verbose=False,
                  warm_start=False, max_time=None, fit_intercept=False, max_memory=None, checkpoint=None,
                  checkpoint_every=100, solver="auto", distributed=False):
-        self.solver = solver
-        self.distributed = distributed
-        self.loss = loss
-        self.C = C
-        self.kernel = kernel
-        self.sigma = sigma
-        self.gamma = gamma
-        self.nu = nu
-        self.n_features = n_features
-        self.features = features
-        self.block_size = block_size
-        self.max_iter = max_iter
-        self.tol = tol
-        self.epsilon = epsilon
-        self.delta = delta
-        self.quantile = quantile
-        self.device = device
-        self.dtype = dtype
-        self.random_state = random_state
-        self.verbose = verbose
-        self.warm_start = warm_start
-        self.max_time = max_time
-        self.max_memory = max_memory
-        self.checkpoint = checkpoint
-        self.checkpoint_every = checkpoint_every
-        self.fit_intercept = fit_intercept
+        _store_params(self, locals())
 
     def fit(self, X, y, sample_weight=None):
         """Fit on X (n, d) and y (n,) or (n, n_outputs); ``sample_weight`` multiplies C per sample.
@@ -883,34 +869,7 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
                  delta=1.0, quantile=0.5, device="cpu", dtype="float64", random_state=None, verbose=False,
                  warm_start=False, max_time=None, class_weight=None, probability=False, fit_intercept=False,
                  max_memory=None, checkpoint=None, checkpoint_every=100, solver="auto", distributed=False):
-        self.solver = solver
-        self.distributed = distributed
-        self.loss = loss
-        self.C = C
-        self.kernel = kernel
-        self.sigma = sigma
-        self.gamma = gamma
-        self.nu = nu
-        self.n_features = n_features
-        self.features = features
-        self.block_size = block_size
-        self.max_iter = max_iter
-        self.tol = tol
-        self.epsilon = epsilon
-        self.delta = delta
-        self.quantile = quantile
-        self.device = device
-        self.dtype = dtype
-        self.random_state = random_state
-        self.verbose = verbose
-        self.warm_start = warm_start
-        self.max_time = max_time
-        self.max_memory = max_memory
-        self.checkpoint = checkpoint
-        self.checkpoint_every = checkpoint_every
-        self.class_weight = class_weight
-        self.probability = probability
-        self.fit_intercept = fit_intercept
+        _store_params(self, locals())
 
     def fit(self, X, y, sample_weight=None):
         """Fit on X (n, d) and labels y (n,) of any type with at least two classes.
