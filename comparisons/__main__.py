@@ -1,12 +1,12 @@
-"""``python -m comparisons`` / ``joker-compare``: the comparison harness's command line.
+"""``python -m joker_ext.comparisons`` / ``joker-compare``: the comparison harness's command line.
 
 Examples::
 
-    python -m comparisons --quick                       # the main job: a few minutes on 2 cores
-    python -m comparisons --dataset magic --loss logistic --penalty 1e-6 --M 1000 \\
+    python -m joker_ext.comparisons --quick                       # the main job: a few minutes on 2 cores
+    python -m joker_ext.comparisons --dataset magic --loss logistic --penalty 1e-6 --M 1000 \\
         --backends joker,falkon,sklearn --n-train 5000 --out results/magic
-    python -m comparisons --config experiments.toml     # see comparisons/spec.py for the layout
-    python -m comparisons --list-backends
+    python -m joker_ext.comparisons --config experiments.toml     # see comparisons/spec.py for the layout
+    python -m joker_ext.comparisons --list-backends
 
 Every run happens in its own process; results.csv (rewritten after each run), the markdown table
 (results.md, also printed), per-run traces and logs, and the figures land in ``--out``.

@@ -247,7 +247,7 @@ def _load_capped(datasets, spec: ExperimentSpec, kw: Dict[str, Any]):
 
 
 def prepare_data(spec: ExperimentSpec, cache_dir: str, cache: Dict[str, PreparedData]) -> PreparedData:
-    """Load the spec's data once (through :func:`comparisons.datasets.load`), save it for the run processes
+    """Load the spec's data once (through :func:`joker_ext.comparisons.datasets.load`), save it for the run processes
     and resolve ``sigma='median'`` on the training points (so every backend gets the same number)."""
     from . import datasets
 
@@ -407,8 +407,8 @@ def _child_main(job: Dict[str, Any], result_path: str, log_path: str) -> None:
 
 # ---------------------------------------------------------------------------- the parent
 _PRELOAD = ["numpy", "scipy.linalg", "torch", "joker_ext", "joker_ext.estimators", "sklearn.kernel_ridge",
-            "sklearn.svm", "sklearn.linear_model", "sklearn.metrics", "comparisons.runner",
-            "comparisons.backends.base", "falkon", "gpytorch"]
+            "sklearn.svm", "sklearn.linear_model", "sklearn.metrics", "joker_ext.comparisons.runner",
+            "joker_ext.comparisons.backends.base", "falkon", "gpytorch"]
 
 
 def _context(isolation: str):

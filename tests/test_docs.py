@@ -508,13 +508,13 @@ def test_table_parser_reads_the_rows():
 
 # ============================================================================ commands shown on the pages
 def _harness_commands():
-    """Every ``python -m comparisons ...`` command line of the pages (shell examples are not run by the
+    """Every ``python -m joker_ext.comparisons ...`` command line of the pages (shell examples are not run by the
     doctest builder: their flags are checked here instead)."""
     out = []
     for page in sorted(DOCS.glob("*.rst")):
         text = re.sub(r"\\\n\s*", " ", page.read_text())  # shell line continuations
         for line in text.splitlines():
-            m = re.match(r"\s*python -m comparisons(\s.*)?$", line)
+            m = re.match(r"\s*python -m joker_ext.comparisons(\s.*)?$", line)
             if m:
                 out.append((page.name, line.split("#")[0].strip()))
     return out
@@ -523,7 +523,7 @@ def _harness_commands():
 def test_harness_commands_in_the_docs_parse(monkeypatch):
     import shlex
 
-    from comparisons.spec import spec_from_args
+    from joker_ext.comparisons.spec import spec_from_args
 
     monkeypatch.chdir(ROOT)  # relative paths on the pages are relative to the repository root
     commands = _harness_commands()

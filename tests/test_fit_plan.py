@@ -67,9 +67,9 @@ def _falkon_plan(X, y, kernel, **over):
 
 
 def _harness_plan(X, y, kernel):
-    from comparisons.backends import backend_class
-    from comparisons.backends.base import Problem
-    from comparisons.spec import ExperimentSpec
+    from joker_ext.comparisons.backends import backend_class
+    from joker_ext.comparisons.backends.base import Problem
+    from joker_ext.comparisons.spec import ExperimentSpec
 
     s = SETTINGS
     spec = ExperimentSpec(kernel="gaussian", sigma=float(kernel.sigma), penalty=1.0 / (N * C), M=s["n_features"],
@@ -264,7 +264,7 @@ def test_wrong_kinds_of_objects_are_type_errors():
 # ---------------------------------------------------------------------------- one validation layer
 def test_the_seed_solvers_checks_are_joker_ext_validation():
     import joker_ext.validation as v
-    from comparisons.solvers import _common
+    from joker_ext.comparisons.solvers import _common
 
     for name in ("check_choice", "check_number", "check_positive", "check_positive_int", "check_dtype",
                  "check_device"):

@@ -488,20 +488,20 @@ def test_jokergp_missing_gpytorch_raises_importerror_naming_it(gp, monkeypatch):
 
 # ============================================================================ the harness
 def _spec(**kw):
-    from comparisons.spec import ExperimentSpec
+    from joker_ext.comparisons.spec import ExperimentSpec
 
     kw.setdefault("dataset", "diabetes")
     return ExperimentSpec(**kw)
 
 
 def _args(*flags):
-    from comparisons.spec import spec_from_args
+    from joker_ext.comparisons.spec import spec_from_args
 
     return spec_from_args(["--dataset", "diabetes", *flags])
 
 
 def _toml(tmp_path_factory_text):
-    from comparisons.spec import load_toml
+    from joker_ext.comparisons.spec import load_toml
 
     import tempfile
 
@@ -511,13 +511,13 @@ def _toml(tmp_path_factory_text):
 
 
 def _run_suite(*a, **kw):
-    from comparisons.runner import run_suite
+    from joker_ext.comparisons.runner import run_suite
 
     return run_suite(*a, echo=None, **kw)
 
 
 def _metrics(task, y, s):
-    from comparisons.runner import compute_metrics
+    from joker_ext.comparisons.runner import compute_metrics
 
     return compute_metrics(task, y, s)
 
@@ -544,7 +544,8 @@ HARNESS_CASES = [
     ("strings", "standardize_y string", lambda: _spec(standardize_y="yes"), TypeError, r"^standardize_y must be"),
     ("mismatch", "scores length", lambda: _metrics("regression", np.zeros(3), np.zeros(2)), ValueError,
      r"^scores must have 3 entries"),
-    ("mismatch", "unknown spec key", lambda: __import__("comparisons.spec", fromlist=["x"]).ExperimentSpec.from_dict(
+    ("mismatch", "unknown spec key",
+     lambda: __import__("joker_ext.comparisons.spec", fromlist=["x"]).ExperimentSpec.from_dict(
         {"dataset": "diabetes", "penalti": 1.0}), ValueError, r"^spec keys must be ExperimentSpec fields .* got unknown experiment keys \['penalti'\]"),
     ("nonpositive", "penalty 0", lambda: _spec(penalty=0.0), ValueError, r"^penalty must be positive"),
     ("nonpositive", "penalty -1", lambda: _spec(penalty=-1.0), ValueError, r"^penalty must be positive"),
@@ -570,7 +571,8 @@ HARNESS_CASES = [
     ("unknown", "dataset type", lambda: _spec(dataset=3), TypeError, r"^dataset must be a data set name"),
     ("unknown", "backend", lambda: _spec(backends="joker,nonsense"), ValueError, r"^backends must be names from"),
     ("unknown", "options backend", lambda: _spec(options={"nonsense": {}}), ValueError, r"^options must be keys"),
-    ("unknown", "backend_class", lambda: __import__("comparisons.runner", fromlist=["x"]).backend_class("nope"),
+    ("unknown", "backend_class",
+     lambda: __import__("joker_ext.comparisons.runner", fromlist=["x"]).backend_class("nope"),
      ValueError, r"^backend must be one of"),
     ("unknown", "metrics task", lambda: _metrics("ranking", np.zeros(2), np.zeros(2)), ValueError,
      r"^task must be one of"),
@@ -640,7 +642,7 @@ def test_harness_normalises_valid_values():
 
 
 def test_harness_main_reports_bad_flags_without_a_traceback(capsys):
-    from comparisons.__main__ import main
+    from joker_ext.comparisons.__main__ import main
 
     assert main(["--dataset", "diabetes", "--penalty", "-1"]) == 2
     err = capsys.readouterr().err
@@ -652,8 +654,8 @@ def test_harness_main_reports_bad_flags_without_a_traceback(capsys):
 def test_harness_missing_falkon_or_gpytorch_is_a_skip_naming_the_package(monkeypatch):
     """In the harness a missing optional package is not an error of the comparison: the backend's run is
     recorded as skipped, with the package named."""
-    from comparisons.backends.base import Problem, Skip
-    from comparisons.runner import backend_class
+    from joker_ext.comparisons.backends.base import Problem, Skip
+    from joker_ext.comparisons.runner import backend_class
 
     for pkg in ("falkon", "gpytorch"):
         monkeypatch.setitem(sys.modules, pkg, None)

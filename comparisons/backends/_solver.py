@@ -1,4 +1,5 @@
-"""Shared glue for the seed-paper solvers of :mod:`comparisons.solvers` (EigenPro 2/3, ASkotch, DSG, ADMM SVM).
+"""Shared glue for the seed-paper solvers of :mod:`joker_ext.comparisons.solvers` (EigenPro 2/3, ASkotch, DSG,
+ADMM SVM).
 
 Those solvers are estimators built on a joker_ext kernel: ``Solver(kernel, ...)``, ``fit(X, y)``,
 ``decision_function(X)``, and a ``notes`` list of what they do not reproduce. A backend subclass only
@@ -35,9 +36,9 @@ TRACE_GROWTH = 1.15
 
 
 class SolverBackend(Backend):
-    """Base of the backends that wrap :mod:`comparisons.solvers`."""
+    """Base of the backends that wrap :mod:`joker_ext.comparisons.solvers`."""
 
-    module: str = ""  # e.g. "comparisons.solvers.eigenpro"
+    module: str = ""  # e.g. "joker_ext.comparisons.solvers.eigenpro"
     cls_name: str = ""
     margin_targets = True  # -1/+1 targets for classification (all of these solvers)
 

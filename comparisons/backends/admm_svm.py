@@ -1,4 +1,4 @@
-"""ADMM for the kernel SVM dual (seed 002) as a harness backend, from :mod:`comparisons.solvers.admm_svm`.
+"""ADMM for the kernel SVM dual (seed 002) as a harness backend, from :mod:`joker_ext.comparisons.solvers.admm_svm`.
 
 Translation: hinge loss, binary; LIBSVM's C-SVC dual with ``C = 1/(n penalty)`` (Joker's C) and the spec's
 kernel. Like SVC it has an unpenalised intercept b (Joker's model has none; said in ``notes``).
@@ -7,7 +7,7 @@ kernel. Like SVC it has an unpenalised intercept b (Joker's model has none; said
 relative tolerance ``tol``, default 1e-8) so that it solves the spec's problem, at most ``iterations``
 (default 5,000) iterations or the time budget ``max_time`` (``spec.soft_seconds``), whichever comes first; ``--option admm_svm.converged=false`` gives the paper's fixed 10 iterations, which
 stop far from the QP optimum (said in ``notes``).
-M is not used. Other options: any keyword of :class:`~comparisons.solvers.admm_svm.ADMMSVM` (``beta``,
+M is not used. Other options: any keyword of :class:`~joker_ext.comparisons.solvers.admm_svm.ADMMSVM` (``beta``,
 ``tol``, ``hss_options``, ...).
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ class ADMMSVMBackend(SolverBackend):
     uses_M = False
     losses = ("hinge",)
     tasks = ("binary",)
-    module = "comparisons.solvers.admm_svm"
+    module = "joker_ext.comparisons.solvers.admm_svm"
     cls_name = "ADMMSVM"
 
     def targets(self, y):

@@ -1,4 +1,4 @@
-"""ASkotch (seed 004) as a harness backend, from :mod:`comparisons.solvers.askotch`.
+"""ASkotch (seed 004) as a harness backend, from :mod:`joker_ext.comparisons.solvers.askotch`.
 
 Full kernel ridge regression ``(K + lam I) w = y`` with ``lam = n * penalty``
 (:func:`joker_ext.conversions.penalty_to_askotch_lambda`): the same problem as Joker's squared loss with
@@ -6,7 +6,7 @@ Full kernel ridge regression ``(K + lam I) w = y`` with ``lam = n * penalty``
 Stopping rule: ``iterations`` block iterations, or ``epochs`` passes (``epochs * n / block_size``
 iterations; default 10 passes), or ``tol`` on the relative residual ``||(K + lam I) w - y|| / ||y||``
 (checked once per pass; none by default), or the time budget ``max_time`` (``spec.soft_seconds``),
-whichever comes first. Options: any keyword of :class:`~comparisons.solvers.askotch.ASkotch` (``rank``,
+whichever comes first. Options: any keyword of :class:`~joker_ext.comparisons.solvers.askotch.ASkotch` (``rank``,
 ``block_size``, ``rho``, ``accelerated``, ...).
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ class ASkotchBackend(SolverBackend):
     name = "askotch"
     uses_M = False
     losses = ("squared",)
-    module = "comparisons.solvers.askotch"
+    module = "joker_ext.comparisons.solvers.askotch"
     cls_name = "ASkotch"
 
     def make_solver(self, cls, X):

@@ -1,6 +1,6 @@
 """What every harness backend implements, and the helpers they share.
 
-A backend is one small class: it receives the :class:`~comparisons.spec.ExperimentSpec` (with ``sigma``
+A backend is one small class: it receives the :class:`~joker_ext.comparisons.spec.ExperimentSpec` (with ``sigma``
 already resolved to a number) and a :class:`Problem` (sizes and task), translates the spec into its own
 library's parameters through :mod:`joker_ext.conversions`, and implements
 

@@ -1,5 +1,5 @@
 """Doubly stochastic functional gradients (seed 003) as a harness backend, from
-:mod:`comparisons.solvers.dsg`.
+:mod:`joker_ext.comparisons.solvers.dsg`.
 
 Translation: the objective ``(1/n) sum_i l(y_i, f(x_i)) + (nu/2) ||f||^2`` with
 ``nu = 1/(n C) = penalty`` (:func:`joker_ext.conversions.C_to_dsg_nu`); losses squared (``(f - y)^2 / 2``,
@@ -11,7 +11,7 @@ default :data:`DEFAULT_EPOCHS` passes of mini-batches of ``min(n, 32768)`` point
 whichever comes first (the method has no residual; ``tol`` is not used). The step is the solver's
 ``theta='auto'`` (``1.5 / (L lambda_1)`` for a whole-data batch, lambda_1 the top eigenvalue of ``K / n``,
 L = 1 for the squared loss and 1/4 for hinge and logistic) decaying as ``theta / (1 + theta nu t)``.
-Options: any keyword of :class:`~comparisons.solvers.dsg.DoublyStochasticGradient` (``theta``, ``eta``,
+Options: any keyword of :class:`~joker_ext.comparisons.solvers.dsg.DoublyStochasticGradient` (``theta``, ``eta``,
 ``batch_size``, ``n_features_per_iter``, ...).
 The convergence trace evaluates the intermediate models (``decision_function(X, n_iter=t)``) after the
 fit, off the clock, at the fit times the callback recorded.
@@ -51,7 +51,7 @@ class DSGBackend(SolverBackend):
     name = "dsg"
     uses_M = False
     losses = ("squared", "hinge", "logistic")
-    module = "comparisons.solvers.dsg"
+    module = "joker_ext.comparisons.solvers.dsg"
     cls_name = "DoublyStochasticGradient"
 
     def check(self) -> None:

@@ -1,4 +1,4 @@
-"""EigenPro 2 and EigenPro 3 (seed 001) as harness backends, from :mod:`comparisons.solvers.eigenpro`.
+"""EigenPro 2 and EigenPro 3 (seed 001) as harness backends, from :mod:`joker_ext.comparisons.solvers.eigenpro`.
 
 Both solve least squares (the squared loss; -1/+1 targets for classification).
 
@@ -39,7 +39,7 @@ class EigenPro2Backend(SolverBackend):
     name = "eigenpro2"
     uses_M = False
     losses = ("squared",)
-    module = "comparisons.solvers.eigenpro"
+    module = "joker_ext.comparisons.solvers.eigenpro"
     cls_name = "EigenPro2"
 
     def make_solver(self, cls, X):

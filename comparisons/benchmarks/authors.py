@@ -12,7 +12,7 @@ in the ``cos(W^T x + b)`` form (their ``rff``; joker_ext ``form='cos'``), the sa
 Each side runs in its own subprocess (one torch thread by default). Printed: time per block
 iteration, the ratio authors / joker_ext, the relative duality gap and the test RMSE each reached.
 
-Run alone: ``python -m comparisons.benchmarks.authors [--quick]``.
+Run alone: ``python -m joker_ext.comparisons.benchmarks.authors [--quick]``.
 """
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def worker(args):
 
 
 def _run(side, ns, timeout):
-    cmd = [sys.executable, "-m", "comparisons.benchmarks.authors", "--worker", side,
+    cmd = [sys.executable, "-m", "joker_ext.comparisons.benchmarks.authors", "--worker", side,
            "--n", str(ns.n), "--n-test", str(ns.n_test), "--d", str(ns.d), "--M", str(ns.M), "--b", str(ns.b),
            "--iters", str(ns.iters), "--C", str(ns.C), "--threads", str(ns.threads)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,

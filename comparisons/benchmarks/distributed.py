@@ -2,7 +2,7 @@
 
 ::
 
-    python -m comparisons.benchmarks.distributed --n-train 50000 --M 2000
+    python -m joker_ext.comparisons.benchmarks.distributed --n-train 50000 --M 2000
 
 fits flights (JokerFalkon, random features, squared loss, the feature Newton engine) three ways, one after
 the other, each process with one thread: in one process without a process group, and as 1 and 2 Gloo
@@ -74,13 +74,13 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     if a.worker:
         return _worker(a)
-    from comparisons.examples.distributed_flights import prepare
+    from joker_ext.comparisons.examples.distributed_flights import prepare
     from joker_ext.distributed import run_local_group
 
     tmp = Path(tempfile.mkdtemp(prefix="joker_dist_bench_"))
     prepare(tmp, a.n_train, a.n_test, seed=0)
     out = tmp / "rows.jsonl"
-    common = ["-m", "comparisons.benchmarks.distributed", "--worker", "--data", str(tmp), "--out", str(out),
+    common = ["-m", "joker_ext.comparisons.benchmarks.distributed", "--worker", "--data", str(tmp), "--out", str(out),
               "--M", str(a.M), "--sigma", str(a.sigma), "--penalty", str(a.penalty)]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     for procs in (0, 1, 2):  # 0: one process, no process group

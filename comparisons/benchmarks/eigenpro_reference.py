@@ -1,8 +1,9 @@
-"""Reference row: the authors' EigenPro 2 code beside :class:`comparisons.solvers.EigenPro2`, same problem and budget.
+"""Reference row: the authors' EigenPro 2 code beside :class:`joker_ext.comparisons.solvers.EigenPro2`, same problem
+and budget.
 
     # a checkout of https://github.com/EigenPro/EigenPro-pytorch *outside* this project (never copied in):
     git clone https://github.com/EigenPro/EigenPro-pytorch /tmp/EigenPro-pytorch
-    OMP_NUM_THREADS=1 nice -n 19 python -m comparisons.benchmarks.eigenpro_reference \\
+    OMP_NUM_THREADS=1 nice -n 19 python -m joker_ext.comparisons.benchmarks.eigenpro_reference \\
         --source /tmp/EigenPro-pytorch --n-train 20000 --epochs 5
 
 The authors' package (``eigenpro2.KernelModel``) is imported from ``--source`` at run time. Both solve
@@ -39,8 +40,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
 
-    from comparisons.datasets import load
-    from comparisons.solvers.eigenpro import EigenPro2, ep2_default_nystrom
+    from joker_ext.comparisons.datasets import load
+    from joker_ext.comparisons.solvers.eigenpro import EigenPro2, ep2_default_nystrom
     from joker_ext.kernels import GaussianKernel
 
     ds = load("flights", "regression", n_train=args.n_train, n_test=args.n_test, seed=args.seed, standardize_y=True)
@@ -57,7 +58,7 @@ def main(argv=None) -> None:
     t0 = time.perf_counter()
     ours = EigenPro2(GaussianKernel(args.sigma), n_nystrom=s, ridge=0.0, epochs=args.epochs, track_residual=False,
                      seed=args.seed, dtype=torch.float32).fit(X, y)
-    rows.append(("comparisons.solvers.EigenPro2", time.perf_counter() - t0, rmse(ours.predict(Xt)),
+    rows.append(("joker_ext.comparisons.solvers.EigenPro2", time.perf_counter() - t0, rmse(ours.predict(Xt)),
                  f"s={s}, q={ours.top_q_}, batch={ours.batch_size_}, eta={ours.step_:.3g}"))
     print(f"flights n={n}, test {Xt.shape[0]}, Gaussian sigma {args.sigma}, K alpha = y, {args.epochs} epochs, "
           "float32, 1 thread")

@@ -1,4 +1,4 @@
-"""Side-by-side benchmark of the engines (``python -m comparisons.benchmarks.engines``).
+"""Side-by-side benchmark of the engines (``python -m joker_ext.comparisons.benchmarks.engines``).
 
 1. Exact kernels, float64, the default engine for every built-in loss: fit time, relative duality gap and
    primal objective; against scikit-learn's matching estimator with the same C and gamma where there is one

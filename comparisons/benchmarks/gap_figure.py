@@ -1,6 +1,6 @@
 """Relative duality gap against time for each engine on one real problem: the figure of docs/math.rst.
 
-Data: flights (``comparisons.datasets.flights``, arrival delay, standardized), ``--n`` training rows.
+Data: flights (``joker_ext.comparisons.datasets.flights``, arrival delay, standardized), ``--n`` training rows.
 Problems (the same C and Gaussian sigma for every engine):
 
 * exact kernel, epsilon-insensitive loss with intercept (an SVR): ``working_set``, ``active_set`` and ``dbcd_tr``;
@@ -10,7 +10,7 @@ Problems (the same C and Gaussian sigma for every engine):
 Each engine's history (time, relative gap) is plotted on a log scale; the figure goes to
 ``docs/_static/gap_vs_time.png`` and the final gaps and times are printed. Run from the repository root::
 
-    python -m comparisons.benchmarks.gap_figure            # n = 3000, M = 1000 (a few minutes)
+    python -m joker_ext.comparisons.benchmarks.gap_figure            # n = 3000, M = 1000 (a few minutes)
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def main(argv=None) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from comparisons.datasets import flights
+    from joker_ext.comparisons.datasets import flights
     from joker_ext import JokerRegressor
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -17,7 +17,7 @@ preconditioned with ``K_BB``; see :class:`joker_ext.operators.FeatureOperator`):
 Iterations are timed from the first block on; the fit's one-off set-up (``setup_ms``: the random
 partition of the rows into blocks, ``O(n log b)``) is reported apart and added once to ``epoch_s``.
 
-Run: ``python -m comparisons.benchmarks.iteration`` (``--quick`` for a smaller sweep).
+Run: ``python -m joker_ext.comparisons.benchmarks.iteration`` (``--quick`` for a smaller sweep).
 """
 from __future__ import annotations
 

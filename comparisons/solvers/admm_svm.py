@@ -14,7 +14,7 @@ equality constraint, z the box), penalty beta, multiplier mu (Algorithm 2):
     mu+ = mu - beta (x+ - z+)
 
 ``Kb`` is factorised once: dense Cholesky (``mode='exact'``, n up to ~2e4) or the HSS approximation of
-:mod:`comparisons.solvers.hss` with its fast direct solver (``mode='hss'``, the paper's setting, where the
+:mod:`joker_ext.comparisons.solvers.hss` with its fast direct solver (``mode='hss'``, the paper's setting, where the
 problem solved is the one with K replaced by its HSS approximation).
 
 What is reproduced

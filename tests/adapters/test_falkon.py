@@ -266,7 +266,7 @@ def test_weighted_cross_entropy_equals_logistic_falkon(fk, fopt):
 # ============================================================================ real data (flights)
 @pytest.fixture(scope="module")
 def flights_reg():
-    from comparisons.datasets import flights
+    from joker_ext.comparisons.datasets import flights
 
     ds = flights("regression", n_train=5000, n_test=4000, seed=0)
     return [torch.from_numpy(a) for a in (ds.X_train, ds.y_train.reshape(-1, 1), ds.X_test, ds.y_test.reshape(-1, 1))]
@@ -274,7 +274,7 @@ def flights_reg():
 
 @pytest.fixture(scope="module")
 def flights_bin():
-    from comparisons.datasets import flights
+    from joker_ext.comparisons.datasets import flights
 
     ds = flights("binary", n_train=5000, n_test=4000, seed=0)
     pm = [torch.from_numpy(2.0 * a - 1.0).reshape(-1, 1) for a in (ds.y_train, ds.y_test)]

@@ -3,7 +3,7 @@
 Issue #14: at Falkon's usual penalties (1e-6 to 1e-8) on scikit-learn problems of 1,000-5,000 points, the
 default fit's test error is no worse than Falkon's on the same data. The reference is Falkon itself
 (skipped when it is not importable); the sizes are small (n <= 2000) so each test takes a few seconds.
-``python -m comparisons.benchmarks.falkon_cpu --part sklearn`` runs the full grid (n up to 5000, M in
+``python -m joker_ext.comparisons.benchmarks.falkon_cpu --part sklearn`` runs the full grid (n up to 5000, M in
 {500, 1000}, penalties 1e-6, 1e-7, 1e-8).
 """
 import contextlib

@@ -1,6 +1,6 @@
 """Backends that fail on purpose, for the harness's own tests (kept out of the installed package).
 
-``test_harness.py`` registers them in :data:`comparisons.backends.BACKEND_MODULES` under the module name
+``test_harness.py`` registers them in :data:`joker_ext.comparisons.backends.BACKEND_MODULES` under the module name
 ``fault_backends`` (pytest puts this folder on ``sys.path``, and the harness's run processes inherit it).
 
 ``_crash`` raises in ``fit``; ``_hang`` sleeps until it is killed; ``_die`` ends its process abruptly
@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from comparisons.backends.base import Backend
+from joker_ext.comparisons.backends.base import Backend
 
 __all__ = ["CrashBackend", "HangBackend", "DieBackend"]
 

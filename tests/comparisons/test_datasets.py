@@ -1,4 +1,4 @@
-"""Tests for comparisons.datasets: shapes, standardisation, seeding, labels, error paths."""
+"""Tests for joker_ext.comparisons.datasets: shapes, standardisation, seeding, labels, error paths."""
 
 import gzip
 import importlib.metadata
@@ -6,7 +6,7 @@ import importlib.metadata
 import numpy as np
 import pytest
 
-from comparisons import datasets as D
+from joker_ext.comparisons import datasets as D
 
 
 def _check_dataset(ds, task, n_features=None):

@@ -1,4 +1,4 @@
-"""Tests of the comparison harness (comparisons.spec, runner, backends, reporting, __main__).
+"""Tests of the comparison harness (joker_ext.comparisons.spec, runner, backends, reporting, __main__).
 
 References are independent of the code under test: scikit-learn's KernelRidge / LogisticRegression /
 LinearSVC, Falkon and GPyTorch themselves (the same problem solved by other libraries), the closed-form KRR
@@ -17,12 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from comparisons import datasets as D
-from comparisons.backends.base import Problem, Skip, pm_targets
-from comparisons.reporting import (CSV_COLUMNS, make_figures, markdown_table, read_csv, relative_gap_to_best,
+from joker_ext.comparisons import datasets as D
+from joker_ext.comparisons.backends.base import Problem, Skip, pm_targets
+from joker_ext.comparisons.reporting import (CSV_COLUMNS, make_figures, markdown_table, read_csv, relative_gap_to_best,
                                    write_csv)
-from comparisons.runner import Trace, backend_class, compute_metrics, prepare_data, resolve_sigma, run_one, run_suite
-from comparisons.spec import ALL_BACKENDS, ExperimentSpec, load_toml, quick_suite, spec_from_args
+from joker_ext.comparisons.runner import (Trace, backend_class, compute_metrics, prepare_data, resolve_sigma, run_one,
+                                          run_suite)
+from joker_ext.comparisons.spec import ALL_BACKENDS, ExperimentSpec, load_toml, quick_suite, spec_from_args
 
 REQUIRED_COLUMNS = ["dataset", "task", "backend", "loss", "kernel", "sigma", "penalty", "M", "fit_seconds",
                     "predict_seconds", "peak_rss_mb", "metric_name", "metric", "notes"]
@@ -351,7 +352,7 @@ def test_csv_table_and_figures(tmp_path):
 @pytest.fixture
 def fault_backends(monkeypatch):
     """Register the backends that fail on purpose (``fault_backends.py`` beside this file) for one test."""
-    from comparisons.backends import BACKEND_MODULES
+    from joker_ext.comparisons.backends import BACKEND_MODULES
 
     for name, cls in (("_crash", "CrashBackend"), ("_hang", "HangBackend"), ("_die", "DieBackend")):
         monkeypatch.setitem(BACKEND_MODULES, name, ("fault_backends", cls))
@@ -360,7 +361,7 @@ def fault_backends(monkeypatch):
 def test_main_end_to_end_records_failures(tmp_path, fault_backends):
     """Subprocess runs: good backends are measured; a crash, a hang (killed at the budget) and a dying
     process are recorded with their errors, and results.csv keeps every row."""
-    from comparisons.__main__ import main
+    from joker_ext.comparisons.__main__ import main
 
     out = tmp_path / "out"
     t0 = time.perf_counter()
@@ -389,7 +390,7 @@ def test_main_end_to_end_records_failures(tmp_path, fault_backends):
 
 
 def test_falkon_backend_skips_with_a_note_when_not_installed(monkeypatch):
-    import comparisons.backends.base as base
+    import joker_ext.comparisons.backends.base as base
 
     monkeypatch.setattr(base, "package_available", lambda name: name != "falkon")
     spec = ExperimentSpec(dataset="flights", task="regression", sigma=1.0)

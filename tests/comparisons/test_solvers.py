@@ -1,4 +1,4 @@
-"""Tests of the seed-paper solvers in comparisons.solvers, each against an independent reference."""
+"""Tests of the seed-paper solvers in joker_ext.comparisons.solvers, each against an independent reference."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,7 +7,7 @@ import torch
 from threadpoolctl import threadpool_limits
 
 from joker_ext.kernels import GaussianKernel, LaplacianKernel
-from comparisons.solvers import (
+from joker_ext.comparisons.solvers import (
     ADMMSVM,
     ASkotch,
     DoublyStochasticGradient,

@@ -15,7 +15,7 @@ import torch
 from threadpoolctl import threadpool_limits
 
 from joker_ext.kernels import GaussianKernel
-from comparisons.solvers import ADMMSVM, ASkotch, DoublyStochasticGradient, EigenPro2, EigenPro3
+from joker_ext.comparisons.solvers import ADMMSVM, ASkotch, DoublyStochasticGradient, EigenPro2, EigenPro3
 
 N = 20_000
 D = 5

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from sklearn.metrics import accuracy_score, mean_squared_error
 
-from comparisons import datasets as D
-from comparisons.backends.base import Problem
-from comparisons.reporting import convergence_curve, make_figures, trace_curve
-from comparisons.runner import Trace, backend_class, run_suite
-from comparisons.spec import ExperimentSpec
+from joker_ext.comparisons import datasets as D
+from joker_ext.comparisons.backends.base import Problem
+from joker_ext.comparisons.reporting import convergence_curve, make_figures, trace_curve
+from joker_ext.comparisons.runner import Trace, backend_class, run_suite
+from joker_ext.comparisons.spec import ExperimentSpec
 
 SQUARED = ("eigenpro2", "eigenpro3", "askotch", "dsg")
 

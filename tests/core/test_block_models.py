@@ -161,3 +161,58 @@ def test_newton_steps_with_several_targets_and_sample_weights():
     # dual optimum: (Phi Phi^T + diag(1 / c)) alpha = Y, per target
     alpha = np.linalg.solve(Phi @ Phi.T + np.diag(1.0 / c), Y)
     np.testing.assert_allclose(model.alpha.numpy(), alpha, rtol=1e-4, atol=1e-5 * np.abs(alpha).max())
+
+
+def test_block_model_policy_decides_matrix_newton_and_direct_solve():
+    from joker_ext.defaults import DIRECT_MAX, GRAM_MAX, SINGULAR_DIRECT_MAX
+    from joker_ext.operators import block_model
+
+    # feature blocks: the exact model forms Phi_B Phi_B^T up to GRAM_MAX rows, products above
+    assert block_model(GRAM_MAX, requested="exact").matrix == "gram"
+    assert block_model(GRAM_MAX + 1, requested="exact").matrix == "products"
+    # 'auto' takes the kernel's block only for Newton losses with wide, unbiased features
+    assert block_model(10, newton_steps=True, wide=True, kernel_ok=True).matrix == "kernel"
+    for kw in (dict(newton_steps=False, wide=True, kernel_ok=True), dict(newton_steps=True, wide=False, kernel_ok=True),
+               dict(newton_steps=True, wide=True, kernel_ok=False)):
+        assert block_model(10, **kw).matrix == "gram"
+    # Newton steps need the kernel model and a strictly convex quadratic
+    assert block_model(10, matrix="kernel", newton_steps=True, positive_curvature=True).newton
+    assert not block_model(10, matrix="kernel", newton_steps=True, positive_curvature=False).newton
+    assert not block_model(10, matrix="gram", newton_steps=True, positive_curvature=True).newton
+    # direct solve: formed matrices up to DIRECT_MAX rows; singular ones (no curvature) only up to SINGULAR_DIRECT_MAX
+    assert block_model(DIRECT_MAX, matrix="gram", positive_curvature=True).direct
+    assert not block_model(DIRECT_MAX + 1, matrix="gram", positive_curvature=True).direct
+    assert block_model(SINGULAR_DIRECT_MAX, matrix="gram").direct
+    assert not block_model(SINGULAR_DIRECT_MAX + 1, matrix="gram").direct
+    assert not block_model(10, matrix="products", positive_curvature=True).direct
+    assert not block_model(10, matrix="gram", positive_curvature=True, subproblem="cg").direct
+    assert block_model(10, matrix="products", subproblem="direct").direct
+    with pytest.raises(ValueError, match="block_model"):
+        block_model(10, requested="fast")
+
+
+@pytest.mark.parametrize("loss_name,b,direct", [("hinge", 520, False), ("hinge", 500, True), ("squared", 520, True)])
+def test_large_singular_blocks_are_solved_by_cg_not_eigendecomposition(monkeypatch, loss_name, b, direct):
+    """The policy seen from outside: which subproblem solver a DBCD-TR iteration on an exact kernel calls."""
+    import joker_ext.solver as solver
+
+    calls = {"direct": 0, "cg": 0}
+    real_direct, real_cg = solver._direct_subspace, solver.cg_steihaug
+
+    def count(name, fn):
+        def wrapped(*a, **kw):
+            calls[name] += 1
+            return fn(*a, **kw)
+        return wrapped
+
+    monkeypatch.setattr(solver, "_direct_subspace", count("direct", real_direct))
+    monkeypatch.setattr(solver, "cg_steihaug", count("cg", real_cg))
+    loss = get_loss(loss_name)
+    X, y = (make_binary if loss.margin else make_regression)(n=b, d=2)
+    from joker_ext.operators import ExactOperator
+
+    op = ExactOperator(GaussianKernel(1.0), BlockData(torch.as_tensor(X), F64, torch.device("cpu")))
+    res = dbcd_tr(op, torch.as_tensor(y, dtype=F64).reshape(-1, 1), loss, torch.ones(b, dtype=F64),
+                  SolverOptions(block_size=b, max_iter=2, tol=0.0))
+    assert res.n_iter == 2
+    assert (calls["direct"] > 0) == direct and (calls["cg"] > 0) == (not direct)

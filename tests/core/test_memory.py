@@ -1,4 +1,20 @@
-"""Memory estimates, budgets, and recovery from a block that does not fit."""
+"""Memory estimates against measured peaks, budgets, and recovery from a block that does not fit.
+
+The estimate (:func:`joker_ext.memory.estimate_fit_memory`) is checked against what fits really use: each fit
+runs in a fresh Python process, and its peak is the process's resident-set high-water mark
+(``resource.getrusage(...).ru_maxrss``, which sees torch's CPU allocations, unlike ``tracemalloc``) minus the
+resident set just before the fit (data made, libraries loaded by a small warm-up fit). glibc's mmap threshold is
+fixed (``MALLOC_MMAP_THRESHOLD_``) so that every large tensor is mapped on allocation and unmapped on release:
+the resident set then follows the live allocations rather than the heap's history. On a GPU the peak is
+``torch.cuda.max_memory_allocated`` over the fit, less what was allocated before it. The estimate must be an
+upper bound of the measured peak and at most :data:`FACTOR` times it.
+"""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 import torch
@@ -8,9 +24,116 @@ from joker_ext.kernels import GaussianKernel
 from joker_ext.losses import get_loss
 from joker_ext.memory import estimate_fit_memory, parse_memory, plan_blocks
 from joker_ext.model import fit_dual
+from joker_ext.primal_newton import default_rank, default_sketch_rows
 from joker_ext.solver import SolverOptions
 
 from conftest import make_regression
+
+#: The estimate may be at most this many times the measured peak.
+FACTOR = 3.0
+
+# The child process: builds the data, runs a warm-up fit (loads LAPACK, OpenMP, the kernels' code paths), then
+# measures the fit of the spec. Prints one JSON line {"peak": bytes}.
+CHILD = textwrap.dedent(r'''
+    import json, resource, sys
+    import torch
+    torch.set_num_threads(1)
+    from joker_ext.data import BlockData
+    from joker_ext.features import make_feature_map
+    from joker_ext.kernels import GaussianKernel
+    from joker_ext.losses import get_loss
+    from joker_ext.operators import ExactOperator, FeatureOperator
+    from joker_ext.solver import SolverOptions
+    from joker_ext.engines import get_solver
+
+    spec = json.loads(sys.argv[1])
+    device = torch.device(spec["device"])
+    n, d, T, M = spec["n"], spec["d"], spec["T"], spec["n_features"]
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(n, d, generator=g, dtype=torch.float64).to(device)
+    y = torch.sin(X[:, :1]) + 0.1 * torch.randn(n, 1, generator=g, dtype=torch.float64).to(device)
+    loss = get_loss(spec["loss"])
+    Y = (torch.sign(y) + (y == 0)).repeat(1, T) if loss.margin else y.repeat(1, T)
+    c = torch.full((n,), spec["C"], dtype=torch.float64, device=device)
+    kernel = GaussianKernel(1.0)
+    fmap = None if M is None else make_feature_map(kernel, M, seed=0)
+    engine = get_solver(spec["solver"], "exact" if M is None else "features")
+
+    def run(rows):
+        data = BlockData(X[:rows], torch.float64, device)
+        op = ExactOperator(kernel, data, chunk_rows=spec["chunk_rows"]) if M is None else \
+            FeatureOperator(fmap, data, chunk_rows=spec["chunk_rows"])
+        opts = SolverOptions(block_size=spec["block_size"], max_iter=spec["max_iter"], tol=0.0, handle_sigint=False,
+                             newton_rank=spec.get("newton_rank"), newton_sketch_rows=spec.get("newton_sketch_rows"))
+        return engine(op, Y[:rows], loss, c[:rows], opts, **spec.get("engine_kw", {}))
+
+    def rss():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize()
+
+    run(min(n, 64))  # warm-up
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        run(n)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - before
+    else:
+        before = rss()
+        run(n)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    print(json.dumps({"peak": peak}))
+''')
+
+# Fits large enough that their peak stands well above the allocator's noise (a few MB), small enough to run in
+# seconds on one core.
+FITS = {
+    "dbcd_tr exact, direct solve": dict(solver="dbcd_tr", loss="squared", n=3000, d=5, T=1, n_features=None,
+                                        block_size=1000, chunk_rows=4096, C=1.0, max_iter=4),
+    "dbcd_tr exact, CG (hinge, 3 targets)": dict(solver="dbcd_tr", loss="hinge", n=4000, d=5, T=3, n_features=None,
+                                                block_size=1500, chunk_rows=2000, C=1.0, max_iter=3),
+    "dbcd_tr features, Gram": dict(solver="dbcd_tr", loss="logistic", n=6000, d=5, T=1, n_features=2000,
+                                   block_size=800, chunk_rows=4096, C=1.0, max_iter=4),
+    "newton features": dict(solver="newton", loss="logistic", n=20000, d=5, T=1, n_features=1000,
+                            block_size=1024, chunk_rows=4096, C=1.0, max_iter=3),
+    "working set": dict(solver="working_set", loss="hinge", n=4000, d=5, T=1, n_features=None, block_size=1024,
+                        chunk_rows=4096, C=1.0, max_iter=6, engine_kw={"working_set_size": 128, "cache_columns": 512}),
+}
+
+
+def _estimate(spec) -> int:
+    kw = {}
+    if spec["solver"] == "newton":
+        rank = default_rank(spec["n_features"], spec["device"])
+        kw = dict(newton_rank=rank, newton_sketch_rows=default_sketch_rows(spec["n"], rank))
+    if spec["solver"] == "working_set":
+        kw = {k: v for k, v in spec["engine_kw"].items()}
+    return estimate_fit_memory(spec["n"], spec["d"], spec["T"], n_features=spec["n_features"],
+                               block_size=spec["block_size"], chunk_rows=spec["chunk_rows"], itemsize=8,
+                               solver=spec["solver"], loss=get_loss(spec["loss"]), **kw).total
+
+
+def measure_peak(spec) -> int:
+    """Peak bytes of the fit ``spec``, measured in a fresh process (see the module docstring)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", MALLOC_MMAP_THRESHOLD_="131072")
+    out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])["peak"]
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", list(FITS))
+def test_estimate_bounds_the_measured_peak_within_a_factor(name, device):
+    spec = dict(FITS[name], device=device)
+    peak, est = measure_peak(spec), _estimate(spec)
+    print(f"{name} [{device}]: measured {peak / 2**20:.1f} MB, estimate {est / 2**20:.1f} MB ({est / peak:.2f}x)")
+    assert peak <= est, f"{name}: measured peak {peak / 2**20:.1f} MB above the estimate {est / 2**20:.1f} MB"
+    assert est <= FACTOR * peak, f"{name}: estimate {est / 2**20:.1f} MB over {FACTOR}x the peak {peak / 2**20:.1f} MB"
 
 
 def test_parse_memory_units_and_errors():
@@ -22,13 +145,13 @@ def test_parse_memory_units_and_errors():
             parse_memory(bad)
 
 
-def test_estimate_counts_the_block_and_feature_matrices():
-    est = estimate_fit_memory(10_000, 10, 1, n_features=2000, block_size=1000, itemsize=4)
-    # the block's features alone: 2 x 1000 x 2000 float32
-    assert est.per_block >= 2 * 1000 * 2000 * 4
-    assert est.model >= 2000 * 4
-    exact = estimate_fit_memory(10_000, 10, 1, block_size=1000, itemsize=8)
-    assert exact.per_block >= 1000 * 1000 * 8
+def test_planned_blocks_keep_the_measured_peak_within_the_budget():
+    """plan_blocks' answer for a budget, run: the measured peak stays below the budget."""
+    spec = dict(FITS["dbcd_tr exact, direct solve"], device="cpu")
+    b, r, est = plan_blocks("30MB", spec["n"], spec["d"], spec["T"], block_size=3000, chunk_rows=4096, itemsize=8)
+    assert b < 3000 and est.total <= 30 * 2**20
+    peak = measure_peak(dict(spec, block_size=b, chunk_rows=r))
+    assert peak <= 30 * 2**20, f"block {b}, chunks {r}: measured {peak / 2**20:.1f} MB"
 
 
 def test_plan_blocks_fits_the_budget_and_refuses_impossible_ones():
