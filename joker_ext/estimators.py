@@ -43,6 +43,7 @@ from .losses import Loss, get_loss
 from .model import KernelModel
 from .operators import ExactOperator, FeatureOperator
 from .plan import FitPlan, make_fit_plan
+from .validation import check_magnitude
 
 __all__ = ["JokerRegressor", "JokerClassifier"]
 
@@ -439,6 +440,7 @@ class _JokerBase(BaseEstimator):
     def _fit_targets(self, X, Y: np.ndarray, sample_weight, loss: Loss, shards: SingleProcess):
         """Common part of ``fit`` once targets are an (n, T) float array (this rank's rows of them)."""
         self._check_bandwidth_params()
+        check_magnitude(X, "X", dtype=resolve_dtype(self.dtype))  # squared distances must not overflow
         n = X.shape[0]
         w = np.ones(n) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
         if shards.any(np.any(w < 0)):
@@ -621,6 +623,7 @@ class _JokerBase(BaseEstimator):
     def _decision(self, X) -> np.ndarray:
         check_is_fitted(self, "dual_coef_")
         X = validate_data(self, _to_numpy(X), reset=False, dtype=[np.float64, np.float32])
+        check_magnitude(X, "X", dtype=resolve_dtype(self.dtype))
         F = self._model().decision(torch.from_numpy(np.ascontiguousarray(X)))
         out = F.detach().cpu().numpy().astype(np.float64)
         b = self._intercept_array(out.shape[1])

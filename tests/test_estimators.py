@@ -444,3 +444,16 @@ def test_regressor_refuses_classification_loss():
         JokerRegressor(loss="hinge").fit(X, X[:, 0])
     with pytest.raises(ValueError, match="at least 2 classes"):
         JokerClassifier().fit(X, np.zeros(20))
+
+
+@pytest.mark.parametrize("Est", [JokerRegressor, JokerClassifier])
+def test_values_whose_squares_overflow_are_refused_by_name(Est):
+    """A value of 1e300 is finite, but its square (in every squared distance) overflows: fit and predict
+    refuse it with a message naming X instead of producing NaN predictions (found by the fuzz test)."""
+    X = np.array([[0.0], [1.0], [2.0], [0.5], [1e300]])
+    y = np.array([0, 1, 0, 1, 1])
+    with pytest.raises(ValueError, match=r"^X must have values of magnitude below .* got a value of magnitude 1e\+300"):
+        Est().fit(X, y)
+    est = Est().fit(X[:4], y[:4])
+    with pytest.raises(ValueError, match=r"^X must have values of magnitude"):
+        est.predict(X)
