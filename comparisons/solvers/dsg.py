@@ -12,7 +12,7 @@ with l one of ``squared`` ``(f - y)^2 / 2``, ``hinge`` ``max(0, 1 - y f)``, ``lo
 What is reproduced
 ------------------
 At iteration t (t = 0, 1, ...): draw a mini-batch of ``batch_size`` training points uniformly with
-replacement and a fresh block of ``n_features_per_iter`` random features
+replacement (every training point when ``batch_size >= n``) and a fresh block of ``n_features_per_iter`` random features
 ``phi_t(x) = sqrt(2 s / M) cos(W_t^T x + b_t)`` generated from a seed derived from (seed, t) only;
 with the current prediction ``f(x_i)`` the new coefficients are
 ``a_t = -gamma_t (1 / m) sum_i l'(f(x_i), y_i) phi_t(x_i)`` and every older block is shrunk,
