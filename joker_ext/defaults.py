@@ -16,7 +16,9 @@ import torch
 
 __all__ = ["PRECISION_TOL", "PRACTICAL_TOL", "CONVERGENCE_WARN_GAP", "CHUNK_ROWS", "BLOCK_SIZE",
            "LARGE_N_BLOCK_SIZE", "LARGE_N", "LOGISTIC_BLOCK_SIZE", "MIN_BLOCK_ITERATIONS", "BLOCK_EPOCHS",
-           "precision_tol", "default_block_size", "default_max_iter"]
+           "GRAM_MAX", "DIRECT_MAX", "SINGULAR_DIRECT_MAX", "CAUCHY_FACTORS", "SEARCH_FACTORS",
+           "CAUCHY_CANDIDATES", "SEARCH_CANDIDATES", "precision_tol", "default_block_size",
+           "default_max_iter"]
 
 #: Relative gap that asks for a solution correct to the working precision, by dtype: the default ``tol`` of the
 #: scikit-learn estimators and of JokerGP. (The prediction error is of order the square root of the gap.)
@@ -44,6 +46,24 @@ LOGISTIC_BLOCK_SIZE = 1024
 #: DBCD-TR's block-iteration budget: ``BLOCK_EPOCHS`` passes over the blocks, at least ``MIN_BLOCK_ITERATIONS``.
 BLOCK_EPOCHS = 50
 MIN_BLOCK_ITERATIONS = 200
+
+#: DBCD-TR's block-model policy (:func:`joker_ext.operators.block_model`): in feature mode the exact block
+#: model forms ``Phi_B Phi_B^T`` for blocks of at most ``GRAM_MAX`` rows (products ``Phi_B (Phi_B^T v)`` above);
+#: the trust-region subproblem is solved exactly (eigendecomposition) for formed block matrices of at most
+#: ``DIRECT_MAX`` rows, and, when the block Hessian has no positive diagonal (linear conjugates: a singular
+#: ``K_BB``, every round an eigendecomposition), only up to ``SINGULAR_DIRECT_MAX`` rows.
+GRAM_MAX = 1024
+DIRECT_MAX = 2048
+SINGULAR_DIRECT_MAX = 512
+
+#: DBCD-TR's trust-region candidates, all evaluated by the model in one batched product: the Cauchy point's
+#: step lengths (multiples of the unconstrained minimiser along the projected gradient) and the projected
+#: search's fractions of the subspace step (plus the longest feasible one). Their numbers size the stacked
+#: ``b x (k T)`` buffers of an iteration (:func:`joker_ext.memory.estimate_fit_memory`).
+CAUCHY_FACTORS = (4.0, 2.0, 1.0, 0.5, 0.25, 0.125, 0.0625, 1.0 / 64, 1.0 / 256, 1.0 / 1024)
+SEARCH_FACTORS = (1.0, 0.5, 0.25, 0.125, 1.0 / 16, 0.0)
+CAUCHY_CANDIDATES = len(CAUCHY_FACTORS)
+SEARCH_CANDIDATES = len(SEARCH_FACTORS) + 1
 
 
 def precision_tol(dtype: torch.dtype) -> float:

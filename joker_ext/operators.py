@@ -13,15 +13,96 @@ State is a small dict of tensors so that it can be checkpointed.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Dict, Optional
 
 import torch
 
 from .data import BlockData
+from .defaults import DIRECT_MAX, GRAM_MAX, SINGULAR_DIRECT_MAX
 from .features import FeatureMap, NystromFeatureMap
 from .kernels import Kernel
 
-__all__ = ["ExactOperator", "FeatureOperator", "BlockOps", "apply_delta"]
+__all__ = ["ExactOperator", "FeatureOperator", "BlockOps", "BlockModel", "block_model", "apply_delta"]
+
+BLOCK_MODELS = ("auto", "exact", "gram", "kernel", "products")
+SUBPROBLEMS = ("auto", "cg", "direct")
+
+
+@dataclass(frozen=True)
+class BlockModel:
+    """How one DBCD-TR block is modelled and solved (the answer of :func:`block_model`).
+
+    Attributes
+    ----------
+    matrix : {'gram', 'kernel', 'products'}
+        The matrix of the block's quadratic model: ``'gram'`` the block's true matrix ``H_B``, formed
+        (``K_BB`` for an exact kernel, ``Phi_B Phi_B^T`` for features); ``'kernel'`` the kernel's ``K_BB``
+        standing in for ``Phi_B Phi_B^T`` (formed, inexact; products with ``H_B`` on demand);
+        ``'products'`` ``Phi_B (Phi_B^T v)`` on demand (exact, never formed).
+    newton : bool
+        The block step is an inexact Newton step by CG on ``H_B + diag(psi'')``, preconditioned with the
+        formed model matrix (the trust-region step is the fallback when it fails).
+    direct : bool
+        The trust-region subproblem on the free variables is solved exactly by an eigendecomposition of
+        the formed block Hessian; otherwise by truncated CG-Steihaug.
+    """
+
+    matrix: str
+    newton: bool = False
+    direct: bool = False
+
+
+def block_model(b: int, *, requested: str = "auto", matrix: Optional[str] = None, newton_steps: bool = False,
+                wide: bool = False, kernel_ok: bool = False, positive_curvature: bool = False,
+                subproblem: str = "auto", direct_max: int = DIRECT_MAX, gram_max: int = GRAM_MAX) -> BlockModel:
+    """The block-model policy of DBCD-TR, in one place.
+
+    For a block of ``b`` rows with Hessian ``H = H_B + diag(h)``, ``h = psi''(alpha_B) >= 0``:
+
+    * the model matrix (``matrix`` when the block is already built, else chosen from ``requested``):
+      ``'auto'`` takes ``'kernel'`` when the loss's steps are Newton steps (``newton_steps``: an
+      unconstrained, quadratic dual without kink, i.e. the squared loss), the features are ``wide``
+      (``M >= 2 b``; with ``b`` near ``M``, ``Phi_B Phi_B^T`` is far from the full-rank ``K_BB``) and the
+      kernel's block is an unbiased stand-in (``kernel_ok``); ``'exact'`` otherwise. ``'exact'`` forms
+      ``'gram'`` for ``b <= gram_max`` and takes ``'products'`` above (``2 b^2 M`` flops once against
+      ``4 b M`` per product). Exact kernels always form their ``K_BB``: ``'gram'``.
+    * ``newton``: ``newton_steps`` and a ``'kernel'`` model and ``h > 0`` (the quadratic is strictly convex).
+    * ``direct``: ``subproblem == 'direct'``, or ``'auto'`` with a formed matrix, ``b <= direct_max`` and
+      either ``b <= SINGULAR_DIRECT_MAX`` or ``h > 0`` (without a positive diagonal, linear conjugates such
+      as the hinge loss, ``H`` is singular, Cholesky fails and every round needs an eigendecomposition:
+      only for small blocks).
+
+    Parameters
+    ----------
+    b : int
+        Rows of the block.
+    requested : {'auto', 'exact', 'gram', 'kernel', 'products'}
+        The feature operator's ``block_model`` option (ignored when ``matrix`` is given).
+    matrix : {'gram', 'kernel', 'products'}, optional
+        The model matrix the block was built with (:attr:`BlockOps.kind`).
+    newton_steps, wide, kernel_ok, positive_curvature : bool
+        See above (``positive_curvature``: ``h > 0`` on the whole block).
+    subproblem : {'auto', 'cg', 'direct'}
+    direct_max, gram_max : int
+
+    Returns
+    -------
+    BlockModel
+    """
+    if matrix is None:
+        if requested not in BLOCK_MODELS:
+            raise ValueError(f"block_model must be one of {BLOCK_MODELS}, got {requested!r}")
+        matrix = requested
+        if matrix == "auto":
+            matrix = "kernel" if newton_steps and wide and kernel_ok else "exact"
+        if matrix == "exact":
+            matrix = "gram" if b <= gram_max else "products"
+    formed = matrix != "products"
+    newton = bool(newton_steps and matrix == "kernel" and positive_curvature)
+    direct = subproblem == "direct" or (subproblem == "auto" and formed and b <= direct_max
+                                        and (b <= SINGULAR_DIRECT_MAX or positive_curvature))
+    return BlockModel(matrix, newton, direct)
 
 
 def apply_delta(state: Dict[str, torch.Tensor], delta: Dict[str, torch.Tensor]) -> None:
@@ -53,6 +134,14 @@ class BlockOps:
     @property
     def exact_model(self) -> bool:
         return self.quad is None
+
+    @property
+    def kind(self) -> str:
+        """The model matrix (see :class:`BlockModel`): 'products' (not formed), 'gram' (the true block
+        matrix, formed) or 'kernel' (a formed stand-in, the true products on demand)."""
+        if self.matrix is None:
+            return "products"
+        return "gram" if self.exact_model else "kernel"
 
 
 class ExactOperator:
@@ -131,8 +220,6 @@ class ExactOperator:
         return out
 
 
-BLOCK_MODELS = ("auto", "exact", "gram", "kernel", "products")
-
 
 class FeatureOperator:
     """Random-feature (or Nystrom-feature) kernel ``K = Phi Phi^T``, accessed by blocks.
@@ -144,9 +231,10 @@ class FeatureOperator:
     chunk_rows : int
         Rows per chunk in full passes over the data.
     gram_max : int
-        Largest block for which ``block_model='auto'`` may form the Gram matrix.
+        Largest block for which ``block_model='exact'`` (and 'auto') forms the Gram matrix
+        (default :data:`joker_ext.defaults.GRAM_MAX`).
     block_model : {'auto', 'exact', 'gram', 'kernel', 'products'}
-        The matrix of the trust-region model of a block:
+        The matrix of the trust-region model of a block (chosen by :func:`block_model`):
 
         * ``'gram'``: ``Phi_B Phi_B^T``, formed (``2 b^2 M`` flops), the exact model;
         * ``'products'``: ``Phi_B (Phi_B^T v)`` on demand (``4 b M`` flops per product), exact;
@@ -170,7 +258,7 @@ class FeatureOperator:
 
     mode = "features"
 
-    def __init__(self, feature_map: FeatureMap, data: BlockData, *, chunk_rows: int = 4096, gram_max: int = 1024,
+    def __init__(self, feature_map: FeatureMap, data: BlockData, *, chunk_rows: int = 4096, gram_max: int = GRAM_MAX,
                  block_model: str = "auto"):
         if block_model not in BLOCK_MODELS:
             raise ValueError(f"block_model must be one of {BLOCK_MODELS}, got {block_model!r}")
@@ -201,13 +289,12 @@ class FeatureOperator:
         return cache[key]
 
     def _model_for(self, XB: torch.Tensor) -> str:
-        model = self.block_model
-        if model == "auto":
-            wide = self.feature_map.n_features >= 2 * XB.shape[0]
-            model = "kernel" if self.newton_steps and wide and self._kernel_model_available(XB) else "exact"
-        if model == "exact":
-            return "gram" if XB.shape[0] <= self.gram_max else "products"
-        return model
+        """The model matrix of a block with inputs ``XB`` (:func:`block_model`)."""
+        b = XB.shape[0]
+        wide = self.feature_map.n_features >= 2 * b
+        kernel_ok = self.block_model == "auto" and self.newton_steps and wide and self._kernel_model_available(XB)
+        return block_model(b, requested=self.block_model, newton_steps=self.newton_steps, wide=wide,
+                           kernel_ok=kernel_ok, gram_max=self.gram_max).matrix
 
     @property
     def n(self) -> int:

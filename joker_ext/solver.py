@@ -21,6 +21,14 @@ Non-smooth conjugates ``kink * |a|`` (epsilon-insensitive) are handled on orthan
 inside one step every coordinate keeps the sign it has (a coordinate at zero picks the side its
 gradient points to, or stays at zero), so the model is exact on the part ``kink * |a|``.
 
+One iteration in code: :func:`_gather` builds the block's :class:`BlockProblem` (its slices, the operator's
+products, gradient, curvature, and the block model that :func:`joker_ext.operators.block_model` picks, the
+one place of that policy); :func:`_block_step` runs the phases on it: a Newton step where the model says so
+(:func:`_newton_step`), the orthant and free variables (:func:`_orient`), the first radius
+(:func:`_initial_radius`), the Cauchy point (:func:`_cauchy_point`), CG-Steihaug or the direct solve with
+the projected search (:func:`_subspace_steps`), the ratio test and radius update (:func:`_accept_and_resize`)
+and the write-back (:func:`_write_back`).
+
 The duality gap is the sum over samples of the Fenchel-Young gaps
 ``c_i l(y_i, f_i) + g_i(alpha_i) + alpha_i f_i >= 0``; the relative gap is ``gap / max(primal, |dual|)``.
 """
@@ -41,7 +49,8 @@ import torch
 from .losses import Loss
 from .memory import is_out_of_memory
 from .engines import sigint_as_flag
-from .operators import apply_delta
+from .defaults import CAUCHY_FACTORS, DIRECT_MAX, SEARCH_CANDIDATES, SEARCH_FACTORS
+from .operators import BlockModel, BlockOps, apply_delta, block_model
 from .results import SolverResult  # noqa: F401  (defined in a leaf module; re-exported here)
 
 __all__ = ["SolverOptions", "SolverResult", "dbcd_tr", "cg_steihaug", "duality_gap", "make_blocks"]
@@ -118,7 +127,7 @@ class SolverOptions:
     max_cg: int = 50
     max_subspace: int = 20
     subproblem: str = "auto"
-    direct_max: int = 2048
+    direct_max: int = DIRECT_MAX
     cg_tol: float = 1e-10
     newton_tol: float = 1e-2
     check_every: Optional[int] = None
@@ -262,10 +271,11 @@ def dbcd_tr(
     loss.check_targets(Y)
     lo_all, hi_all = loss.box(Y, c_col)
     unboxed = bool(torch.isinf(lo_all).all() and torch.isinf(hi_all).all())
+    # unconstrained quadratic duals (squared loss) take Newton steps by CG on the true block matrix
+    newton_steps = unboxed and loss.quadratic and not loss.kink
     prepare = getattr(operator, "prepare", None)
     if prepare is not None:
-        # unconstrained quadratic duals (squared loss) take Newton steps by CG on the true block matrix
-        prepare(newton_steps=unboxed and loss.quadratic and not loss.kink)
+        prepare(newton_steps=newton_steps)
 
     gen = torch.Generator().manual_seed(int(opts.seed))
     blocks = make_blocks(n, max(1, int(opts.block_size)), gen)
@@ -319,9 +329,9 @@ def dbcd_tr(
                 else:
                     k = cyc
                     cyc = (cyc + 1) % n_blocks
-                idx = blocks_dev[k]
-                radius = _block_step(operator, state, loss, Y, c_col, alpha, idx, lo_all, hi_all, radius, opts,
-                                     unboxed)
+                problem = _gather(operator, state, loss, Y, c_col, alpha, blocks_dev[k], lo_all, hi_all,
+                                  newton_steps=newton_steps, opts=opts)
+                radius = _block_step(problem, operator, state, alpha, loss, radius, opts)
                 it += 1
                 if bar is not None:
                     bar.update(1)
@@ -513,129 +523,177 @@ def orthant_box(kink: float, a, grad, lo, hi):
     return grad + kink * sgn, lo, hi
 
 
-_CAUCHY_FACTORS = (4.0, 2.0, 1.0, 0.5, 0.25, 0.125, 0.0625, 1.0 / 64, 1.0 / 256, 1.0 / 1024)
-_SEARCH_FACTORS = (1.0, 0.5, 0.25, 0.125, 1.0 / 16, 0.0)
+@dataclass
+class BlockProblem:
+    """The subproblem of one DBCD-TR iteration on block ``B`` (built once per iteration by :func:`_gather`).
 
+    In ``s`` (the change of ``alpha_B``), with the other rows fixed::
 
-def _block_step(operator, state, loss: Loss, Y, c_col, alpha, idx, lo_all, hi_all, radius, opts, unboxed=False):
-    """One DBCD-TR iteration on block ``idx``; updates ``alpha`` and ``state`` in place; returns radii.
+        min_s  grad^T s + 1/2 s^T (H_B + diag(hdiag)) s    s.t.  lo <= alpha_B + s <= hi,  ||s|| <= radius
 
-    The box-constrained trust-region subproblem is solved in the manner of TRON (Lin and More, 1999):
-    a projected-gradient Cauchy point (the best of a few step lengths, all capped by the radius), then
-    truncated CG-Steihaug on the variables that are free at the Cauchy point, then a projected search
-    between the two. Every candidate is evaluated by the model in one batched product.
+    with ``grad = f_B - y_B + psi'(alpha_B)`` (plus ``kink * sign`` on the orthant, see :func:`orthant_box`),
+    ``hdiag = psi''(alpha_B)`` and ``H_B`` the block's kernel matrix (or the model's stand-in for it).
+
+    Attributes
+    ----------
+    idx : Tensor (b,)
+        The block's rows.
+    ops : BlockOps
+        The operator's products for the block (``f_B``, the model matrix, the true quadratic form).
+    a, y, c : Tensor (b, T), (b, T), (b, 1)
+        ``alpha_B``, the targets and the weights of the block.
+    box_lo, box_hi : Tensor (b, T)
+        The dual box of the block.
+    lo, hi : Tensor (b, T)
+        The box the step keeps to: the dual box, restricted to the orthant of ``alpha_B`` for a kink.
+    grad, hdiag : Tensor (b, T)
+        Gradient (with the kink's sign once oriented) and the conjugate's curvature ``psi''(alpha_B)``.
+    model : BlockModel
+        Model matrix and solve of the block (:func:`joker_ext.operators.block_model`).
+    free : Tensor (b, T), bool
+        Variables not held at a bound by a gradient pointing outwards (set by :func:`_orient`).
     """
+
+    idx: torch.Tensor
+    ops: BlockOps
+    a: torch.Tensor
+    y: torch.Tensor
+    c: torch.Tensor
+    box_lo: torch.Tensor
+    box_hi: torch.Tensor
+    lo: torch.Tensor
+    hi: torch.Tensor
+    grad: torch.Tensor
+    hdiag: torch.Tensor
+    model: BlockModel
+    free: Optional[torch.Tensor] = None
+
+    @property
+    def T(self) -> int:
+        return self.a.shape[1]
+
+    def hvp(self, V: torch.Tensor) -> torch.Tensor:
+        """``(H_B + diag(hdiag)) V`` for ``k`` candidates stacked as columns (``V``: b x kT)."""
+        return self.ops.matvec(V) + self.hdiag.repeat(1, V.shape[1] // self.T) * V
+
+    def proj(self, S: torch.Tensor) -> torch.Tensor:
+        """Steps ``S`` (b x kT) projected so that ``alpha_B + s`` stays in ``[lo, hi]``."""
+        k = S.shape[1] // self.T
+        X0 = self.a.repeat(1, k)
+        return torch.minimum(torch.maximum(X0 + S, self.lo.repeat(1, k)), self.hi.repeat(1, k)) - X0
+
+    def model_values(self, S: torch.Tensor, k: int):
+        """Model values of ``k`` stacked candidates and their products with the model matrix."""
+        return _model(self.grad, self.hdiag, self.ops.matvec, S, k)
+
+
+def _gather(operator, state, loss: Loss, Y, c_col, alpha, idx, lo_all, hi_all, *, newton_steps: bool,
+            opts: SolverOptions) -> BlockProblem:
+    """Phase 1, gather the block: its slices, ``f_B`` and products, gradient, curvature and block model."""
     ops = operator.block(idx, state)
-    aB = alpha[idx]
-    yB = Y[idx]
-    cB = c_col[idx]
+    aB, yB, cB = alpha[idx], Y[idx], c_col[idx]
     lo, hi = lo_all[idx], hi_all[idx]
     grad = ops.f + loss.conj_grad(aB, yB, cB)
     hdiag = loss.psi_hess(aB, yB, cB)
-    if (unboxed and loss.quadratic and not loss.kink and not ops.exact_model and ops.true_matvec is not None
-            and ops.matrix is not None and bool((hdiag > 0).all())):
-        # Unconstrained, strictly convex quadratic dual (squared loss) with an approximate block matrix:
-        # a Newton step by conjugate gradients preconditioned with the approximation.
-        step = _newton_pcg(ops, grad, hdiag, opts.max_cg, opts.newton_tol)
-        # Accepted when the quadratic's exact decrease along it is positive and finite for every target;
-        # otherwise (rounding, a factorisation that failed) the trust-region step below is taken.
-        if step is not None and bool((torch.isfinite(step[1]) & ((step[1] > 0) | (step[0] == 0).all(0))).all()):
-            s = step[0]
-            delta = operator.state_delta(ops, s)
-            alpha[idx] = aB + s
-            apply_delta(state, delta)
-            return torch.full((aB.shape[1],), math.inf, dtype=aB.dtype, device=aB.device)
-    grad, lo, hi = orthant_box(loss.kink, aB, grad, lo, hi)
-    free = ~(((aB <= lo) & (grad >= 0)) | ((aB >= hi) & (grad <= 0)))
-    gF = grad * free
-    T = aB.shape[1]
-    tiny = torch.finfo(aB.dtype).tiny
+    model = block_model(aB.shape[0], matrix=ops.kind, newton_steps=newton_steps and ops.true_matvec is not None,
+                        positive_curvature=bool((hdiag > 0).all()), subproblem=opts.subproblem,
+                        direct_max=opts.direct_max)
+    return BlockProblem(idx, ops, aB, yB, cB, lo, hi, lo, hi, grad, hdiag, model)
 
-    def hvp(V):
-        return ops.matvec(V) + hdiag.repeat(1, V.shape[1] // T) * V
 
-    def proj(S):
-        k = S.shape[1] // T
-        X0 = aB.repeat(1, k)
-        return torch.minimum(torch.maximum(X0 + S, lo.repeat(1, k)), hi.repeat(1, k)) - X0
+def _newton_step(p: BlockProblem, opts: SolverOptions) -> Optional[torch.Tensor]:
+    """Phase 2 (unconstrained, strictly convex quadratic duals with an approximate block matrix: the squared
+    loss with ``block_model='kernel'``): a Newton step by conjugate gradients preconditioned with the model
+    matrix (:func:`_newton_pcg`). Returned when the quadratic's exact decrease along it is positive and
+    finite for every target; None otherwise (rounding, a factorisation that failed): the trust-region step
+    is taken instead."""
+    step = _newton_pcg(p.ops, p.grad, p.hdiag, opts.max_cg, opts.newton_tol)
+    if step is not None and bool((torch.isfinite(step[1]) & ((step[1] > 0) | (step[0] == 0).all(0))).all()):
+        return step[0]
+    return None
 
-    gg = (gF * gF).sum(0)
-    if radius is None and loss.quadratic and ops.exact_model and bool((hdiag > 0).all()):
-        # The quadratic model is exact and strictly convex: a trust region would only slow the first
-        # steps. (Linear conjugates such as hinge keep it: with a singular K_BB it bounds the step; an
-        # inexact block matrix keeps it too: the region absorbs the model's error.)
-        radius = torch.full_like(gg, math.inf)
-    if radius is None:
-        gHg = (gF * hvp(gF)).sum(0)
-        radius = torch.where(gg > 0, gg.sqrt() * gg / torch.where(gHg > 0, gHg, torch.ones_like(gHg)),
-                             torch.ones_like(gg))
-    if not bool((gg > 0).any()):
-        return radius
+
+def _orient(p: BlockProblem, loss: Loss) -> None:
+    """Phase 3: restrict the box to the orthant of the step for a kink (seed paper, B.2) and mark the free
+    variables (those not at a bound whose gradient pushes outwards)."""
+    p.grad, p.lo, p.hi = orthant_box(loss.kink, p.a, p.grad, p.lo, p.hi)
+    p.free = ~(((p.a <= p.lo) & (p.grad >= 0)) | ((p.a >= p.hi) & (p.grad <= 0)))
+
+
+def _initial_radius(p: BlockProblem, loss: Loss, gF: torch.Tensor, gg: torch.Tensor) -> torch.Tensor:
+    """The first radius of each target: unbounded when the quadratic model is exact and strictly convex (a
+    trust region would only slow the first steps; linear conjugates such as hinge keep one: with a singular
+    ``K_BB`` it bounds the step; an inexact block matrix keeps one too: the region absorbs the model's
+    error); else the length of the Cauchy step ``||g||^3 / g^T H g`` on the free gradient ``g``."""
+    if loss.quadratic and p.ops.exact_model and bool((p.hdiag > 0).all()):
+        return torch.full_like(gg, math.inf)
+    gHg = (gF * p.hvp(gF)).sum(0)
+    return torch.where(gg > 0, gg.sqrt() * gg / torch.where(gHg > 0, gHg, torch.ones_like(gHg)), torch.ones_like(gg))
+
+
+def _cauchy_point(p: BlockProblem, gF: torch.Tensor, gg: torch.Tensor, radius: torch.Tensor) -> torch.Tensor:
+    """Phase 4, the Cauchy point: the best (by the model) of projected gradient steps of the lengths
+    ``CAUCHY_FACTORS`` times the unconstrained minimiser ``g^T g / g^T H g``, each capped by the radius."""
+    T = p.T
+    tiny = torch.finfo(p.a.dtype).tiny
     g_norm = gg.sqrt().clamp_min(tiny)
-    radius_in = radius
-    if bool(torch.isinf(radius).any()):
-        # An unbounded region meets directions of zero curvature (linear conjugates): use a finite
-        # radius far beyond any useful step; the box and the projected search do the rest.
-        big = 1e12 * (1.0 + aB.abs().sum(0) + gF.abs().sum(0))
-        radius = torch.where(torch.isinf(radius), big, radius)
-    # 1. Cauchy point: projected gradient steps of several lengths (each within the radius).
-    gHg = (gF * hvp(gF)).sum(0)
+    gHg = (gF * p.hvp(gF)).sum(0)
     t_star = gg / torch.where(gHg > 0, gHg, torch.full_like(gHg, tiny))
     t_cap = radius / g_norm
-    ts = torch.stack([torch.minimum(t_star * f, t_cap) for f in _CAUCHY_FACTORS])  # (J, T)
+    ts = torch.stack([torch.minimum(t_star * f, t_cap) for f in CAUCHY_FACTORS])  # (J, T)
     J = ts.shape[0]
-    SC = proj(-(gF.repeat(1, J)) * ts.reshape(1, J * T))
-    mC, _ = _model(grad, hdiag, ops.matvec, SC, J)
+    SC = p.proj(-(gF.repeat(1, J)) * ts.reshape(1, J * T))
+    mC, _ = p.model_values(SC, J)
     best = mC.reshape(J, T).argmin(0)
-    cols = best * T + torch.arange(T, device=best.device)
-    s_c = SC[:, cols]
-    # 2-3. Subspace steps (TRON): CG-Steihaug on the variables free at the current point, then a
-    # projected search between the current point and the CG point; repeated while the search stops at
-    # new bounds.
-    s = s_c
-    boundary = torch.zeros(T, dtype=torch.bool, device=aB.device)
-    H_full = None
-    use_direct = opts.subproblem == "direct" or (
-        opts.subproblem == "auto" and ops.matrix is not None and aB.shape[0] <= opts.direct_max
-        # Without a positive diagonal (linear conjugates: hinge, absolute, pinball) the block matrix is
-        # singular, Cholesky fails and every round needs an eigendecomposition: only for small blocks.
-        and (aB.shape[0] <= 512 or bool((hdiag > 0).all())))
-    if use_direct:
-        if ops.matrix is None:
-            raise ValueError("subproblem='direct' needs the block's kernel matrix (exact kernels)")
-        H_full = ops.matrix
-    
-    L = len(_SEARCH_FACTORS) + 1
+    return SC[:, best * T + torch.arange(T, device=best.device)]
+
+
+def _subspace_steps(p: BlockProblem, s: torch.Tensor, radius: torch.Tensor, opts: SolverOptions):
+    """Phase 5 (TRON), from the Cauchy point ``s``: CG-Steihaug (or the exact eigendecomposition solve) on
+    the variables free at the current point, then a projected search between the current point and that
+    step (``SEARCH_FACTORS`` and the longest feasible fraction); repeated while the search stops at new
+    bounds. Returns ``(s, K s, pred)`` with ``pred`` the model decrease."""
+    T = p.T
+    aB, lo, hi = p.a, p.lo, p.hi
+    if p.model.direct and p.ops.matrix is None:
+        raise ValueError("subproblem='direct' needs the block's kernel matrix (exact kernels)")
+    L = SEARCH_CANDIDATES
     ar = torch.arange(T, device=aB.device)
     for _ in range(max(1, opts.max_subspace)):
         at_bound = ((aB + s) <= lo) | ((aB + s) >= hi)
-        free_c = free & ~at_bound
-        if H_full is not None:
-            p_cg, hit_tr = _direct_subspace(H_full, hdiag, grad, s, free_c, radius)
+        free_c = p.free & ~at_bound
+        if p.model.direct:
+            p_cg, _ = _direct_subspace(p.ops.matrix, p.hdiag, p.grad, s, free_c, radius)
         else:
-            p_cg, hit_tr = cg_steihaug(hvp, grad, radius, free_c, s, max_iter=opts.max_cg, tol=opts.cg_tol)
+            p_cg, _ = cg_steihaug(p.hvp, p.grad, radius, free_c, s, max_iter=opts.max_cg, tol=opts.cg_tol)
         w = p_cg - s
         # Ratio test: the longest feasible step along w (the active-set candidate, no projection).
         x_s = aB + s
         up = torch.where(w > 0, (hi - x_s) / w, torch.full_like(w, math.inf))
         dn = torch.where(w < 0, (lo - x_s) / w, torch.full_like(w, math.inf))
         b_max = torch.minimum(up, dn).masked_fill(~free_c, math.inf).amin(0).clamp(0, 1)
-        cands = [s + f * w for f in _SEARCH_FACTORS] + [s + b_max.unsqueeze(0) * w]
-        SW = proj(torch.cat(cands, dim=1))
-        mW, KW = _model(grad, hdiag, ops.matvec, SW, L)
+        cands = [s + f * w for f in SEARCH_FACTORS] + [s + b_max.unsqueeze(0) * w]
+        SW = p.proj(torch.cat(cands, dim=1))
+        mW, KW = p.model_values(SW, L)
         pick = mW.reshape(L, T).argmin(0)
         cols = pick * T + ar
         s_next = SW[:, cols]
-        full = pick == 0
-        boundary = torch.where(full, hit_tr, boundary)
         new_bounds = ((((aB + s_next) <= lo) | ((aB + s_next) >= hi)) & ~at_bound).any(0)
         s, Ks, pred = s_next, KW[:, cols], -mW[cols]
         if not bool((new_bounds & (w != 0).any(0)).any()):
             break
-    # Exact decrease of the dual restricted to the block (with the true block matrix when the model's
-    # is an approximation of it).
+    return s, Ks, pred
+
+
+def _accept_and_resize(p: BlockProblem, loss: Loss, s, Ks, pred, radius, radius_in, opts: SolverOptions):
+    """Phase 6: ``rho = actual / predicted`` decrease of the dual restricted to the block (the actual one
+    with the true block matrix when the model's is a stand-in); accept when ``rho >= eta``; the radius is
+    multiplied by 0.25 after a rejected step, by 0.5 when rho < 0.25, by 2 when rho > 0.75 and the step
+    reached the boundary, and never falls below what the iterate can resolve. Returns ``(accept, radius)``."""
+    aB, ops = p.a, p.ops
+    tiny = torch.finfo(aB.dtype).tiny
     sKs = (s * Ks).sum(0) if ops.exact_model else ops.quad(s)
-    conj = loss.conj_diff(aB, s, yB, cB)
+    conj = loss.conj_diff(aB, s, p.y, p.c)
     actual = -((ops.f * s).sum(0) + 0.5 * sKs + conj.sum(0))
     # Model decreases at the level of rounding errors carry no information: neither step nor resize.
     eps = torch.finfo(aB.dtype).eps
@@ -652,15 +710,53 @@ def _block_step(operator, state, loss: Loss, Y, c_col, alpha, idx, lo_all, hi_al
     new_radius = torch.where(grow, 2.0 * radius, new_radius)
     # Never shrink below what the iterate can resolve (a radius under its last bit cannot move it).
     floor = 16 * eps * aB.abs().amax(0) * aB.shape[0] ** 0.5
-    new_radius = torch.maximum(new_radius, floor)
+    return accept, torch.maximum(new_radius, floor)
+
+
+def _write_back(p: BlockProblem, operator, state, alpha, new_aB: torch.Tensor, change: torch.Tensor) -> None:
+    """Phase 7: ``alpha_B <- new_aB`` and the operator state by the step ``change`` (``new_aB - alpha_B``
+    as the caller computed it). Everything that allocates happens before anything is changed: a failure
+    (out of memory, interrupt) leaves alpha and the operator state consistent."""
+    delta = operator.state_delta(p.ops, change)
+    alpha[p.idx] = new_aB
+    apply_delta(state, delta)
+
+
+def _block_step(p: BlockProblem, operator, state, alpha, loss: Loss, radius: Optional[torch.Tensor],
+                opts: SolverOptions) -> torch.Tensor:
+    """One DBCD-TR iteration on the gathered block ``p``; updates ``alpha`` and ``state`` in place; returns
+    the radii.
+
+    The box-constrained trust-region subproblem is solved in the manner of TRON (Lin and More, 1999): a
+    projected-gradient Cauchy point (the best of a few step lengths, all capped by the radius), then
+    truncated CG-Steihaug on the variables that are free at the Cauchy point, then a projected search
+    between the two. Every candidate is evaluated by the model in one batched product.
+    """
+    if p.model.newton:
+        s = _newton_step(p, opts)
+        if s is not None:
+            _write_back(p, operator, state, alpha, p.a + s, s)
+            return torch.full((p.T,), math.inf, dtype=p.a.dtype, device=p.a.device)
+    _orient(p, loss)
+    gF = p.grad * p.free
+    gg = (gF * gF).sum(0)
+    if radius is None:
+        radius = _initial_radius(p, loss, gF, gg)
+    if not bool((gg > 0).any()):
+        return radius
+    radius_in = radius
+    if bool(torch.isinf(radius).any()):
+        # An unbounded region meets directions of zero curvature (linear conjugates): use a finite
+        # radius far beyond any useful step; the box and the projected search do the rest.
+        big = 1e12 * (1.0 + p.a.abs().sum(0) + gF.abs().sum(0))
+        radius = torch.where(torch.isinf(radius), big, radius)
+    s_c = _cauchy_point(p, gF, gg, radius)
+    s, Ks, pred = _subspace_steps(p, s_c, radius, opts)
+    accept, new_radius = _accept_and_resize(p, loss, s, Ks, pred, radius, radius_in, opts)
     if bool(accept.any()):
         step = s * accept.to(s.dtype).unsqueeze(0)
-        new_aB = torch.minimum(torch.maximum(aB + step, lo_all[idx]), hi_all[idx])
-        # Everything that allocates happens before anything is changed: a failure (out of memory,
-        # interrupt) leaves alpha and the operator state consistent.
-        delta = operator.state_delta(ops, new_aB - aB)
-        alpha[idx] = new_aB
-        apply_delta(state, delta)
+        new_aB = torch.minimum(torch.maximum(p.a + step, p.box_lo), p.box_hi)
+        _write_back(p, operator, state, alpha, new_aB, new_aB - p.a)
     return new_radius
 
 
