@@ -1,18 +1,25 @@
 """Memory: what a fit will need, before it starts, and block sizes that fit a budget.
 
-The estimate counts the tensors the solver holds (sizes in elements times the dtype's bytes):
+The estimate adds up the largest tensors each engine allocates, read from the constants and sizes the
+engines themselves use (block size, the feature operator's ``GRAM_MAX`` and the direct solve's
+``DIRECT_MAX`` of :mod:`joker_ext.defaults`, the numbers of trust-region candidates, the working-set size
+and its kernel-row cache, the Newton engine's sketch rank and rows). Sizes in elements times the dtype's
+bytes, in four parts:
 
-* per row of data: dual variables, targets, their box bounds, weights (``~6 T + 1`` numbers per row),
-  plus ``f = K alpha`` in exact mode (``T``);
-* per block (b rows): the block's inputs (``b d``), its kernel matrix ``b^2`` and, for the direct
-  trust-region solve, an eigendecomposition (``2 b^2``) in exact mode; its features ``b M`` (twice, for
-  the cos/sin intermediate) and the block matrix (``K_BB`` or ``Phi_B Phi_B^T``), its shifted copy and
-  its Cholesky factor (``3 b^2``) in feature mode; about ``20 T`` work vectors of length b;
-* per chunk (r rows, used to stream over the data): ``r b`` kernel values (exact update) or ``r M``
-  features (gap evaluation);
-* the model: ``M T`` primal weights and the feature map's ``d M`` frequencies.
+* ``per_row``: the n-vectors (dual variables, box bounds, the operator state ``f = K alpha``, the
+  duality gap's temporaries) and the block partition (int64);
+* ``per_block``: what one iteration holds beyond them: the block's inputs, its kernel or feature
+  matrix, the dense factorisations of the block Hessian, the stacked candidate steps (DBCD-TR); the
+  working set's kernel block and the free part's factor plus its row cache (working set); the sketch of the
+  preconditioner (feature Newton);
+* ``per_chunk``: a chunk of ``r`` rows streamed over the data (``r b`` kernel values for the exact update,
+  ``r M`` features for a pass);
+* ``model``: the primal weights ``M T`` and the feature map's ``d M`` frequencies.
 
-The data themselves are not counted (they stay where the user keeps them: host memory or disk).
+The data themselves are not counted (they stay where the user keeps them). The estimate is checked
+against measured peaks (the process's resident-set high-water mark on the CPU,
+``torch.cuda.max_memory_allocated`` on a GPU) in ``tests/core/test_memory.py``: it is an upper bound, within
+a small factor.
 """
 from __future__ import annotations
 
@@ -20,6 +27,12 @@ import math
 import re
 from dataclasses import dataclass
 from typing import Optional, Union
+
+import torch
+
+from .defaults import CHUNK_ROWS, DIRECT_MAX, GRAM_MAX, SEARCH_CANDIDATES, CAUCHY_CANDIDATES
+from .engines import DEFAULT_EXACT_MEMORY, WORKING_SET_SIZE
+from .operators import block_model
 
 __all__ = ["MemoryEstimate", "estimate_fit_memory", "plan_blocks", "parse_memory", "is_out_of_memory"]
 
@@ -65,24 +78,141 @@ class MemoryEstimate:
                 f"chunks {mb(self.per_chunk)}, model {mb(self.model)})")
 
 
+#: n-vectors (n x T) a DBCD-TR fit holds at once: alpha, the box (lo, hi), the state ``f`` (exact) or the
+#: predictions of a gap evaluation (features), the exact update ``K(X, X_B) s`` and four temporaries of the
+#: duality gap (loss values, conjugates, Fenchel-Young terms).
+DBCD_ROW_VECTORS = 9
+#: b x b matrices the direct trust-region solve holds on top of the block matrix: the free block ``H``,
+#: its Cholesky factor, the symmetrised copy, the eigenvectors and LAPACK's workspace of the same size.
+DIRECT_MATRICES = 5
+#: b x b matrices of the preconditioned Newton step of the feature 'kernel' model: ``P``, its factor and the
+#: shifted copy when the factorisation fails.
+NEWTON_PCG_MATRICES = 3
+#: b x (k T) buffers per stacked candidate of a trust-region round: the steps, their projection (four
+#: temporaries), the model's products and the repeated gradient and curvature.
+CANDIDATE_BUFFERS = 8
+#: n-vectors (n x T) of the feature Newton engine: f, a*, w (the gradient pass), Phi d, Phi p (the CG),
+#: alpha and the gap's temporaries.
+NEWTON_ROW_VECTORS = 10
+#: M x r buffers of the Newton engine's Nystrom sketch at its peak (the test matrix, the sketch, its
+#: triangular solve), plus the SVD's factor and workspace on the CPU.
+SKETCH_BUFFERS = 5
+#: n-vectors of the working-set engine (alpha, f, the box, the KKT bounds and the column's temporaries).
+WORKING_SET_ROW_VECTORS = 10
+#: |B| x |B| matrices of a working-set subproblem: ``K_BB``, its copy in the subproblem, the free part's
+#: factor and its update.
+WORKING_SET_MATRICES = 4
+
+
+def working_set_cache_rows(n: int, itemsize: int, working_set_size: int = WORKING_SET_SIZE) -> int:
+    """Rows of the working-set engine's kernel cache (:func:`joker_ext.working_set.working_set`'s default):
+    all ``n`` when ``n^2`` numbers fit half of :data:`joker_ext.engines.DEFAULT_EXACT_MEMORY`, else ``4 q``."""
+    q = max(2, min(int(working_set_size), n))
+    return n if n * n * itemsize <= DEFAULT_EXACT_MEMORY // 2 else min(n, 4 * q)
+
+
 def estimate_fit_memory(n: int, d: int, T: int = 1, *, n_features: Optional[int] = None, block_size: int = 1024,
-                        chunk_rows: int = 4096, itemsize: int = 8, direct_max: int = 2048) -> MemoryEstimate:
-    """Estimate the memory a fit needs (see the module docstring for what is counted)."""
-    b = min(block_size, n)
+                        chunk_rows: int = CHUNK_ROWS, itemsize: int = 8, direct_max: int = DIRECT_MAX,
+                        gram_max: int = GRAM_MAX, solver: str = "dbcd_tr", newton_rank: Optional[int] = None,
+                        newton_sketch_rows: Optional[int] = None, working_set_size: int = WORKING_SET_SIZE,
+                        cache_columns: Optional[int] = None, loss=None) -> MemoryEstimate:
+    """Estimate the memory a fit needs (see the module docstring for what is counted).
+
+    Parameters
+    ----------
+    n, d, T : int
+        Rows, input dimension, targets.
+    n_features : int, optional
+        ``M`` random or Nystrom features; None for the exact kernel.
+    block_size, chunk_rows : int
+        DBCD-TR's block rows ``b`` and the operator's chunk rows ``r`` (feature Newton: ``r`` rows per pass chunk).
+    itemsize : int
+        Bytes per number (8 for float64).
+    direct_max, gram_max : int
+        DBCD-TR's block-model limits (:func:`joker_ext.operators.block_model`).
+    solver : {'dbcd_tr', 'newton', 'working_set'}
+        The engine: DBCD-TR (exact or features), the feature Newton engine (:mod:`joker_ext.primal_newton`,
+        features; needs ``newton_rank`` and ``newton_sketch_rows``, e.g. its ``default_rank(M)`` and
+        ``default_sketch_rows(n, rank)``) or the working-set engine (exact).
+    working_set_size, cache_columns : int, optional
+        The working-set engine's ``q`` and kernel-row cache (default :func:`working_set_cache_rows`).
+    loss : Loss, optional
+        DBCD-TR: whether the conjugate has curvature (``psi'' > 0``) decides, through the block-model policy,
+        whether blocks above ``SINGULAR_DIRECT_MAX`` rows take the direct solve; None counts it.
+
+    Returns
+    -------
+    MemoryEstimate
+        With ``b = min(block_size, n)``, ``r = min(chunk_rows, n)``, ``k = CAUCHY_CANDIDATES``, in numbers
+        (times ``itemsize``), DBCD-TR exact::
+
+            per_row   = n (9 T + 1) + 2 n (int64)
+            per_block = b d + b^2 + [5 b^2 if direct] + 8 k b T
+            per_chunk = r b
+
+        DBCD-TR features (``'gram'`` formed for ``b <= gram_max``)::
+
+            per_block = b d + 2 b M + [b^2 + 5 b^2 if formed and direct] + 3 b^2 + 8 k b T
+
+        with ``formed`` and ``direct`` as :func:`joker_ext.operators.block_model` decides them.
+            per_chunk = 2 r M,      model = M T + d M
+    """
+    b = max(1, min(block_size, n))
+    r = max(1, min(chunk_rows, n))
     exact = n_features is None
-    per_row = n * (6 * T + 1 + (T if exact else 0)) * itemsize
+    partition = 2 * n * 8  # the permutation and the sorted blocks, int64
+    work = CANDIDATE_BUFFERS * max(CAUCHY_CANDIDATES, SEARCH_CANDIDATES) * b * T
+    if solver == "working_set":
+        if not exact:
+            raise ValueError("the working-set engine runs on exact kernels (n_features=None)")
+        q = max(2, min(int(working_set_size), n))
+        rows = working_set_cache_rows(n, itemsize, q) if cache_columns is None else max(1, min(int(cache_columns), n))
+        B = min(n, 2 * q)
+        per_row = n * (WORKING_SET_ROW_VECTORS * T + 1) * itemsize
+        per_block = (rows * n + WORKING_SET_MATRICES * B * B + B * d) * itemsize
+        return MemoryEstimate(per_row, per_block, 0, 0)
+    if solver == "newton":
+        if exact:
+            raise ValueError("the feature Newton engine needs n_features")
+        if newton_rank is None or newton_sketch_rows is None:
+            raise ValueError("solver='newton' needs newton_rank and newton_sketch_rows (see "
+                             "joker_ext.primal_newton.default_rank and default_sketch_rows)")
+        M, rank = n_features, min(int(newton_rank), n_features)
+        per_row = (n * (NEWTON_ROW_VECTORS * T + 1) + n * d) * itemsize  # (+ the inputs' copy on the device)
+        per_block = (SKETCH_BUFFERS * M * rank + min(int(newton_sketch_rows), n) * 8) * itemsize
+        per_chunk = 2 * 2 * r * M * itemsize  # the pass's feature buffer, its cos/sin intermediate, a float64 copy
+        model = (M * T + d * M + 8 * M * T) * itemsize  # beta, frequencies, the CG's M-vectors
+        return MemoryEstimate(per_row, per_block, per_chunk, model)
+    if solver != "dbcd_tr":
+        raise ValueError(f"solver must be 'dbcd_tr', 'newton' or 'working_set', got {solver!r}")
+    per_row = n * (DBCD_ROW_VECTORS * T + 1) * itemsize + partition
+    curved = loss is None or _positive_curvature(loss)
+    matrix = "gram" if exact else block_model(b, requested="exact", gram_max=gram_max).matrix
+    solve_direct = block_model(b, matrix=matrix, positive_curvature=curved, direct_max=direct_max).direct
     if exact:
-        per_block = (b * d + b * b + (2 * b * b if b <= direct_max else 0) + 20 * b * T) * itemsize
-        per_chunk = min(chunk_rows, n) * b * itemsize
+        # K_BB (the kernels fill their distance block in place); the direct solve's matrices
+        direct = DIRECT_MATRICES * b * b if solve_direct else 0
+        per_block = (b * d + b * b + direct + work) * itemsize
+        per_chunk = r * b * itemsize  # the chunk's kernel block K(X_c, X_B), evaluated in place
         model = 0
     else:
         M = n_features
-        # features (b x M, and their float32 evaluation), the block matrix (K_BB or Phi_B Phi_B^T), its
-        # shifted copy and its Cholesky factor
-        per_block = (b * d + 2 * b * M + 3 * b * b + 20 * b * T) * itemsize
-        per_chunk = 2 * min(chunk_rows, n) * M * itemsize
+        direct = (b * b + DIRECT_MATRICES * b * b) if solve_direct else 0
+        # the block's features and their (cos, sin) intermediate; the formed block matrix and its direct solve,
+        # or the Newton step's factors (at most one of the two at a time, both counted)
+        per_block = (b * d + 2 * b * M + direct + NEWTON_PCG_MATRICES * b * b + work) * itemsize
+        per_chunk = 2 * r * M * itemsize
         model = (M * T + d * M) * itemsize
     return MemoryEstimate(per_row, per_block, per_chunk, model)
+
+
+def _positive_curvature(loss) -> bool:
+    """Whether the conjugate's curvature ``psi''`` is positive (at the middle of the box for ``y = 1``, ``c = 1``)."""
+    one = torch.ones(1, 1, dtype=torch.float64)
+    lo, hi = loss.box(one, one)
+    mid = torch.where(torch.isfinite(lo) & torch.isfinite(hi), 0.5 * (lo + hi),
+                      torch.where(torch.isfinite(lo), lo + 0.5, torch.where(torch.isfinite(hi), hi - 0.5, 0 * lo)))
+    return bool((loss.psi_hess(mid, one, one) > 0).all())
 
 
 def plan_blocks(max_memory: Union[int, str], n: int, d: int, T: int = 1, *, n_features: Optional[int] = None,
@@ -114,7 +244,7 @@ def is_out_of_memory(exc: BaseException) -> bool:
     """True for torch's out-of-memory errors on any device (and MemoryError)."""
     if isinstance(exc, MemoryError):
         return True
-    oom = getattr(__import__("torch"), "OutOfMemoryError", None)
+    oom = getattr(torch, "OutOfMemoryError", None)
     if oom is not None and isinstance(exc, oom):
         return True
     msg = str(exc).lower()
