@@ -1,9 +1,11 @@
 """Memory estimates against measured peaks, budgets, and recovery from a block that does not fit.
 
 The estimate (:func:`joker_ext.memory.estimate_fit_memory`) is checked against what fits really use: each fit
-runs in a fresh Python process, and its peak is the process's resident-set high-water mark
-(``resource.getrusage(...).ru_maxrss``, which sees torch's CPU allocations, unlike ``tracemalloc``) minus the
-resident set just before the fit (data made, libraries loaded by a small warm-up fit). glibc's mmap threshold is
+runs in a fresh Python process, and its peak is the process's resident-set high-water mark (``VmHWM`` of
+``/proc/self/status``, reset just before the fit through ``/proc/self/clear_refs``; it sees torch's CPU
+allocations, unlike ``tracemalloc``; ``getrusage``'s ``ru_maxrss`` would not do: it keeps the forking parent's
+mark across ``exec``) minus the resident set just before the fit (data made, libraries loaded by a small
+warm-up fit). glibc's mmap threshold is
 fixed (``MALLOC_MMAP_THRESHOLD_``) so that every large tensor is mapped on allocation and unmapped on release:
 the resident set then follows the live allocations rather than the heap's history. On a GPU the peak is
 ``torch.cuda.max_memory_allocated`` over the fit, less what was allocated before it. The estimate must be an
@@ -35,7 +37,7 @@ FACTOR = 3.0
 # The child process: builds the data, runs a warm-up fit (loads LAPACK, OpenMP, the kernels' code paths), then
 # measures the fit of the spec. Prints one JSON line {"peak": bytes}.
 CHILD = textwrap.dedent(r'''
-    import json, resource, sys
+    import json, sys
     import torch
     torch.set_num_threads(1)
     from joker_ext.data import BlockData
@@ -67,9 +69,9 @@ CHILD = textwrap.dedent(r'''
                              newton_rank=spec.get("newton_rank"), newton_sketch_rows=spec.get("newton_sketch_rows"))
         return engine(op, Y[:rows], loss, c[:rows], opts, **spec.get("engine_kw", {}))
 
-    def rss():
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * resource.getpagesize()
+    def status(key):
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
 
     run(min(n, 64))  # warm-up
     if device.type == "cuda":
@@ -80,9 +82,14 @@ CHILD = textwrap.dedent(r'''
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - before
     else:
-        before = rss()
+        try:  # reset the high-water mark to the current resident set (Linux >= 4.0)
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            pass
+        before = status("VmRSS")
         run(n)
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+        peak = status("VmHWM") - before
     print(json.dumps({"peak": peak}))
 ''')
 
