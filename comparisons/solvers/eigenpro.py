@@ -258,6 +258,58 @@ def _eigenpro_epoch(kernel: Kernel, P: torch.Tensor, T: torch.Tensor, alpha: tor
     return n
 
 
+def _run_epochs(est: Any, alpha: torch.Tensor, n: int, one_epoch: Callable[[], int],
+                residual: Optional[Callable[[torch.Tensor, bool], float]], *,
+                tol_met: Optional[Callable[[float, float], bool]], advice: str, predict: Callable[[], Any],
+                callback: Optional[Callable[[Dict[str, Any]], Any]], watch: Stopwatch, notes: List[str]) -> float:
+    """The epoch loop and stopping rules shared by EigenPro 2 and 3; returns the epochs done (a fraction when
+    the time budget cut the last one short) and sets ``est.stop_reason_``, ``history_`` and ``fit_seconds_``.
+
+    ``one_epoch()`` updates ``alpha`` in place and returns the points it visited. ``residual(a, exact)``, when
+    given, is the relative residual of coefficients ``a``: computed after each epoch on the clock when the
+    stopping rule needs it (``tol_met`` given) or nobody else can (no callback), else handed to the callback
+    to evaluate off its clock (``exact=False``: the solver may estimate it, on a copy of ``alpha``).
+    ``tol_met(previous, current)`` is the tolerance rule; ``advice`` ends the note of a diverging fit.
+    """
+    eager = tol_met is not None or callback is None
+    history: List[Tuple[float, float]] = [(0, 1.0)] if est.track_residual else []
+    stop_reason = "epochs"
+    done = 0.0
+    for epoch in range(1, est.epochs + 1):
+        done = epoch - 1 + one_epoch() / n
+        if not torch.isfinite(alpha).all():
+            notes.append(f"diverged at epoch {epoch}: the step is too large for this problem")
+            stop_reason = "diverged"
+            break
+        res: Any = None
+        if residual is not None:
+            res = LazyValue(lambda a=(alpha if eager else alpha.clone()): residual(a, eager))
+            if eager:
+                res()
+        if callback is not None:
+            info: Dict[str, Any] = {"epoch": done, "predict": predict()}
+            if res is not None:
+                info["relative_residual"] = res.value if res.done else res
+            watch.call(callback, info)
+        if res is not None and res.done:
+            prev = history[-1][1] if history else 1.0
+            history.append((done, res.value))
+            if res.value > DIVERGENCE_FACTOR:
+                notes.append(f"diverging at epoch {epoch} (relative residual {res.value:.2e}): {advice}")
+                stop_reason = "diverged"
+                break
+            if tol_met is not None and tol_met(prev, res.value):
+                stop_reason = "tol"
+                break
+        if watch.expired():
+            stop_reason = "max_time"
+            break
+    est.stop_reason_ = stop_reason
+    est.history_ = history
+    est.fit_seconds_ = watch.elapsed()
+    return done
+
+
 def _check_batch(value: Any, name: str) -> Union[str, int]:
     if isinstance(value, str):
         return check_choice(name, value, ("auto",))
@@ -394,57 +446,22 @@ class EigenPro2:
             notes.append("ridge > 0 is an extension beyond the EigenPro papers: the same preconditioned SGD "
                          "on (K + ridge I) alpha = y")
         alpha = torch.zeros_like(Y)
-        history: List[Tuple[float, float]] = []
-        if self.track_residual:
-            history.append((0, 1.0))
-        # the residual costs a pass of kernel products: computed on the clock when the stopping rule needs it
-        # (tol) or nobody else can (no callback), else handed to the callback to evaluate off its clock
-        eager = self.tol is not None or callback is None
-        rows = None if eager else residual_rows(n, self.seed)
-        stop_reason = "epochs"
-        done = 0.0
-        for epoch in range(1, self.epochs + 1):
-            visited = _eigenpro_epoch(self.kernel, X, Y, alpha, pre, m, per_sample, self.ridge, gen,
-                                      stop=watch.expired if self.max_time is not None else None)
-            done = epoch - 1 + visited / n
-            if not torch.isfinite(alpha).all():
-                notes.append(f"diverged at epoch {epoch}: the step is too large for this problem")
-                stop_reason = "diverged"
-                break
-            res: Any = None
-            if self.track_residual:
-                if eager:
-                    res = LazyValue(lambda: relative_residual(self.kernel, X, alpha, Y, self.ridge))
-                else:  # for the callback only: estimated on a fixed subset of rows
-                    res = LazyValue(lambda a=alpha.clone(): relative_residual(self.kernel, X, a, Y, self.ridge,
-                                                                              rows))
-                if eager:
-                    res()
-            if callback is not None:
-                info: Dict[str, Any] = {"epoch": done, "predict": scorer(self.kernel, X, alpha, self.dtype,
-                                                                        self.device, self._one_d)}
-                if res is not None:
-                    info["relative_residual"] = res.value if res.done else res
-                watch.call(callback, info)
-            if res is not None and res.done:
-                history.append((done, res.value))
-                if res.value > DIVERGENCE_FACTOR:
-                    notes.append(f"diverging at epoch {epoch} (relative residual {res.value:.2e}): the automatic "
-                                 "step is too large for this subsample; raise n_nystrom or lower top_q / step")
-                    stop_reason = "diverged"
-                    break
-                if self.tol is not None and res.value <= self.tol:
-                    stop_reason = "tol"
-                    break
-            if watch.expired():
-                stop_reason = "max_time"
-                break
-        self.stop_reason_ = stop_reason
-        self.epochs_done_ = done
-        self.fit_seconds_ = watch.elapsed()
+        # for the callback only, the residual is estimated on a fixed subset of rows (own generator: the
+        # solver's random stream is the same either way)
+        rows = residual_rows(n, self.seed)
+        stop = watch.expired if self.max_time is not None else None
+        tol = self.tol
+        self.epochs_done_ = _run_epochs(
+            self, alpha, n,
+            lambda: _eigenpro_epoch(self.kernel, X, Y, alpha, pre, m, per_sample, self.ridge, gen, stop=stop),
+            (lambda a, exact: relative_residual(self.kernel, X, a, Y, self.ridge, None if exact else rows))
+            if self.track_residual else None,
+            tol_met=None if tol is None else (lambda prev, r: r <= tol),
+            advice="the automatic step is too large for this subsample; raise n_nystrom or lower top_q / step",
+            predict=lambda: scorer(self.kernel, X, alpha, self.dtype, self.device, self._one_d),
+            callback=callback, watch=watch, notes=notes)
         self.X_ = X
         self.alpha_ = alpha
-        self.history_ = history
         self.batch_size_ = m
         self.step_ = per_sample * m
         self.top_q_ = pre.q
@@ -634,22 +651,13 @@ class EigenPro3:
         G = self.kernel.mmv(Z, pre.Xs, pre.F) if pre.q > 0 else None
         self._setup_projection(Z, gen)
         alpha = torch.zeros(Z.shape[0], Y.shape[1], dtype=self.dtype, device=self.device)
-        history: List[Tuple[float, float]] = [(0, 1.0)] if self.track_residual else []
         ynorm = Y.norm().clamp_min(1e-300)
 
-        def residual(a: torch.Tensor) -> float:
-            return float((self.kernel.mmv(X, Z, a) - Y).norm() / ynorm)
-
-        eager = self.tol is not None or callback is None
-        stop_reason = "epochs"
-        done = 0.0
-        for epoch in range(1, self.epochs + 1):
+        def epoch() -> int:
             perm = torch.randperm(n, generator=gen).to(X.device)
-            visited = n
             for start in range(0, n, m):
                 if start > 0 and watch.expired():
-                    visited = start
-                    break
+                    return start
                 B = perm[start:start + m]
                 XB = X[B]
                 g = self.kernel.mmv(XB, Z, alpha) - Y[B]
@@ -657,43 +665,21 @@ class EigenPro3:
                 if G is not None:
                     h = h - G @ (pre.F.T @ self.kernel.mmv(pre.Xs, XB, g))
                 theta = self._project(Z, h, gen)
-                alpha -= per_sample * theta
-            done = epoch - 1 + visited / n
-            if not torch.isfinite(alpha).all():
-                self.notes.append(f"diverged at epoch {epoch}: the step is too large for this problem")
-                stop_reason = "diverged"
-                break
-            res: Any = None
-            if self.track_residual or self.tol is not None:
-                res = LazyValue(lambda a=(alpha if eager else alpha.clone()): residual(a))
-                if eager:
-                    res()
-            if callback is not None:
-                info: Dict[str, Any] = {"epoch": done, "predict": scorer(self.kernel, Z, alpha, self.dtype,
-                                                                        self.device, self._one_d)}
-                if res is not None:
-                    info["relative_residual"] = res.value if res.done else res
-                watch.call(callback, info)
-            if res is not None and res.done:
-                prev = history[-1][1] if history else 1.0
-                history.append((done, res.value))
-                if res.value > DIVERGENCE_FACTOR:
-                    self.notes.append(f"diverging at epoch {epoch} (relative residual {res.value:.2e}): lower step")
-                    stop_reason = "diverged"
-                    break
-                if self.tol is not None and prev - res.value < self.tol * prev:
-                    stop_reason = "tol"
-                    break
-            if watch.expired():
-                stop_reason = "max_time"
-                break
-        self.stop_reason_ = stop_reason
-        self.epochs_done_ = done
-        self.fit_seconds_ = watch.elapsed()
+                alpha.sub_(per_sample * theta)
+            return n
+
+        tol = self.tol
+        self.epochs_done_ = _run_epochs(
+            self, alpha, n, epoch,
+            (lambda a, exact: float((self.kernel.mmv(X, Z, a) - Y).norm() / ynorm))
+            if self.track_residual or tol is not None else None,
+            tol_met=None if tol is None else (lambda prev, r: prev - r < tol * prev),
+            advice="lower step",
+            predict=lambda: scorer(self.kernel, Z, alpha, self.dtype, self.device, self._one_d),
+            callback=callback, watch=watch, notes=self.notes)
         self.X_n_features_ = d
         self.centers_ = Z
         self.alpha_ = alpha
-        self.history_ = history
         self.batch_size_ = m
         self.step_ = per_sample * m
         self.top_q_ = pre.q
