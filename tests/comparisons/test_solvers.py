@@ -4,7 +4,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from threadpoolctl import threadpool_limits
 
 from joker_ext.kernels import GaussianKernel, LaplacianKernel
 from joker_ext.comparisons.solvers import (
@@ -18,14 +17,7 @@ from joker_ext.comparisons.solvers import (
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Small dense LAPACK calls are much faster single-threaded on a shared 2-core machine."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with threadpool_limits(1):
-        yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("single_thread")  # tests/comparisons/conftest.py
 
 
 def _dense(kernel, X, Z=None):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from threadpoolctl import threadpool_limits
 
 from joker_ext.kernels import GaussianKernel
 from joker_ext.comparisons.solvers import ADMMSVM, ASkotch, DoublyStochasticGradient, EigenPro2, EigenPro3
@@ -21,13 +20,7 @@ N = 20_000
 D = 5
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with threadpool_limits(1):
-        yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("single_thread")  # tests/comparisons/conftest.py
 
 
 @pytest.fixture(scope="module")
