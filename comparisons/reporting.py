@@ -190,6 +190,18 @@ def _safe(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
 
 
+def _save_figure(fig, path: Path, title: Optional[str] = None) -> str:
+    """Give ``fig`` its title (if any), lay it out, write it to ``path`` at 110 dpi and close it; returns the path."""
+    import matplotlib.pyplot as plt
+
+    if title is not None:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
 def _load_trace(out: Path, row: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     tf = row.get("trace_file")
     if not tf:
@@ -307,11 +319,7 @@ def make_figures(rows: Sequence[Dict[str, Any]], out) -> List[str]:
                 hi = min(max(plotted), best * 1.3)
                 pad = 0.05 * max(hi - best, 1e-12)
                 ax.set_ylim(best - pad, hi + pad)
-        p = out / f"metric_vs_time_{_safe(exp)}.png"
-        fig.tight_layout()
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        made.append(str(p))
+        made.append(_save_figure(fig, out / f"metric_vs_time_{_safe(exp)}.png"))
 
         # ---- 1b. each solver's own convergence measure against fit time
         curves = []
@@ -334,11 +342,7 @@ def make_figures(rows: Sequence[Dict[str, Any]], out) -> List[str]:
             ax.set_title(f"{exp}: residuals and duality gaps during training")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
-            p = out / f"convergence_vs_time_{_safe(exp)}.png"
-            fig.tight_layout()
-            fig.savefig(p, dpi=110)
-            plt.close(fig)
-            made.append(str(p))
+            made.append(_save_figure(fig, out / f"convergence_vs_time_{_safe(exp)}.png"))
 
         # ---- 2. memory, time and metric against model size (seed figure 1)
         fig, axes = plt.subplots(1, 3, figsize=(13, 4))
@@ -362,12 +366,8 @@ def make_figures(rows: Sequence[Dict[str, Any]], out) -> List[str]:
             a.grid(alpha=0.3)
         axes[1].set_yscale("log")
         axes[0].legend(fontsize=7)
-        fig.suptitle(f"{exp}: cost and accuracy against model size")
-        fig.tight_layout()
-        p = out / f"model_size_{_safe(exp)}.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        made.append(str(p))
+        made.append(_save_figure(fig, out / f"model_size_{_safe(exp)}.png",
+                                 title=f"{exp}: cost and accuracy against model size"))
 
         # ---- 3. Joker's primal and dual objectives (seed figure 3)
         jruns = [r for r in ok if str(r.get("backend", "")).startswith("joker") and r.get("repeat", 0) in (0, "0")]
@@ -400,10 +400,6 @@ def make_figures(rows: Sequence[Dict[str, Any]], out) -> List[str]:
             axes[1].legend(fontsize=7)
             for a in axes:
                 a.grid(alpha=0.3)
-            fig.suptitle(f"{exp}: Joker's convergence")
-            fig.tight_layout()
-            p = out / f"joker_objectives_{_safe(exp)}.png"
-            fig.savefig(p, dpi=110)
-            plt.close(fig)
-            made.append(str(p))
+            made.append(_save_figure(fig, out / f"joker_objectives_{_safe(exp)}.png",
+                                     title=f"{exp}: Joker's convergence"))
     return made
