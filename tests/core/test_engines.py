@@ -185,6 +185,18 @@ def test_active_set_reaches_the_cvxpy_optimum(name, intercept):
         assert primal == pytest.approx(res.primal, rel=1e-12)
 
 
+def _libsvm_and_ours(X, sigma, ref, m):
+    """The Gram matrix, libsvm's dual coefficients and decision values on X, and ours; asserts that the two
+    decision functions agree (the primal is strongly convex in f)."""
+    K = GaussianKernel(sigma)(torch.as_tensor(X), torch.as_tensor(X)).numpy()
+    a_ref = np.zeros(len(X))
+    a_ref[ref.support_] = ref.dual_coef_[0]
+    f_ref = K @ a_ref + ref.intercept_[0]
+    f = K @ m.alpha[:, 0].numpy() + float(m.result.state["intercept"][0])
+    np.testing.assert_allclose(f, f_ref, atol=2e-3 * np.abs(f_ref).max())
+    return K, a_ref, f_ref, f
+
+
 @pytest.mark.parametrize("solver", ["active_set", "working_set"])
 @pytest.mark.parametrize("C", [1.0, 50.0])
 def test_hinge_with_intercept_is_libsvm_svc(C, solver):
@@ -199,12 +211,7 @@ def test_hinge_with_intercept_is_libsvm_svc(C, solver):
                  options=SolverOptions(tol=1e-12, max_iter=300), solver=solver, intercept=True)
     assert m.result.status == "converged" and m.result.rel_gap <= 1e-12
     # the primal is strongly convex in f: the decision functions agree, and ours is at least as good
-    K = GaussianKernel(sigma)(torch.as_tensor(X), torch.as_tensor(X)).numpy()
-    a_ref = np.zeros(len(y))
-    a_ref[svc.support_] = svc.dual_coef_[0]
-    f_ref = K @ a_ref + svc.intercept_[0]
-    f = K @ m.alpha[:, 0].numpy() + float(m.result.state["intercept"][0])
-    np.testing.assert_allclose(f, f_ref, atol=2e-3 * np.abs(f_ref).max())
+    K, a_ref, f_ref, f = _libsvm_and_ours(X, sigma, svc, m)
 
     def primal(a, f):
         return 0.5 * a @ K @ a + C * np.maximum(0.0, 1.0 - y * f).sum()
@@ -287,12 +294,7 @@ def test_working_set_epsilon_insensitive_is_libsvm_svr():
                  options=SolverOptions(tol=1e-12, max_iter=300), solver="auto", intercept=True)
     assert m.extra["solver"] == "working_set"
     assert m.result.status == "converged" and m.result.rel_gap <= 1e-12
-    K = GaussianKernel(sigma)(torch.as_tensor(X), torch.as_tensor(X)).numpy()
-    a_ref = np.zeros(len(y))
-    a_ref[svr.support_] = svr.dual_coef_[0]
-    f_ref = K @ a_ref + svr.intercept_[0]
-    f = K @ m.alpha[:, 0].numpy() + float(m.result.state["intercept"][0])
-    np.testing.assert_allclose(f, f_ref, atol=2e-3 * np.abs(f_ref).max())
+    K, a_ref, f_ref, f = _libsvm_and_ours(X, sigma, svr, m)
 
     def primal(a, f):
         return 0.5 * a @ K @ a + C * np.maximum(0.0, np.abs(y - f) - eps).sum()
