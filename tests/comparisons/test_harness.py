@@ -21,9 +21,11 @@ from joker_ext.comparisons import datasets as D
 from joker_ext.comparisons.backends.base import Problem, Skip, pm_targets
 from joker_ext.comparisons.reporting import (CSV_COLUMNS, make_figures, markdown_table, read_csv, relative_gap_to_best,
                                    write_csv)
-from joker_ext.comparisons.runner import (Trace, backend_class, compute_metrics, prepare_data, resolve_sigma, run_one,
+from joker_ext.comparisons.runner import (backend_class, compute_metrics, prepare_data, resolve_sigma, run_one,
                                           run_suite)
 from joker_ext.comparisons.spec import ALL_BACKENDS, ExperimentSpec, load_toml, quick_suite, spec_from_args
+
+from backend_fit import fit_backend
 
 REQUIRED_COLUMNS = ["dataset", "task", "backend", "loss", "kernel", "sigma", "penalty", "M", "fit_seconds",
                     "predict_seconds", "peak_rss_mb", "metric_name", "metric", "notes"]
@@ -42,11 +44,7 @@ def magic_small():
 
 def _fit_predict(name, spec, ds):
     """Run one backend in this process on a Dataset; return its test scores and the backend."""
-    problem = Problem(ds.task, ds.n_train, ds.n_test, ds.n_features, ds.n_classes, ds.name)
-    b = backend_class(name)(spec, problem)
-    b.check()
-    trace = Trace(ds.X_test, ds.y_test, ds.task, lambda s: s)
-    b.fit(ds.X_train, ds.y_train, trace)
+    b, _ = fit_backend(name, spec, ds)
     return np.asarray(b.predict(ds.X_test), dtype=np.float64), b
 
 

@@ -15,10 +15,11 @@ import pytest
 from sklearn.metrics import accuracy_score, mean_squared_error
 
 from joker_ext.comparisons import datasets as D
-from joker_ext.comparisons.backends.base import Problem
 from joker_ext.comparisons.reporting import convergence_curve, make_figures, trace_curve
-from joker_ext.comparisons.runner import Trace, backend_class, run_suite
+from joker_ext.comparisons.runner import run_suite
 from joker_ext.comparisons.spec import ExperimentSpec
+
+from backend_fit import fit_backend
 
 SQUARED = ("eigenpro2", "eigenpro3", "askotch", "dsg")
 
@@ -34,13 +35,7 @@ def magic():
 
 
 def _fit(name, spec, ds):
-    problem = Problem(ds.task, ds.n_train, ds.n_test, ds.n_features, ds.n_classes, ds.name)
-    b = backend_class(name)(spec, problem)
-    b.check()
-    trace = Trace(ds.X_test, ds.y_test, ds.task, lambda s: s)
-    trace.start()
-    b.fit(ds.X_train, ds.y_train, trace)
-    return b, trace
+    return fit_backend(name, spec, ds, start=True)
 
 
 def _metric_points(trace):
