@@ -310,6 +310,18 @@ def _run_epochs(est: Any, alpha: torch.Tensor, n: int, one_epoch: Callable[[], i
     return done
 
 
+def _set_step_attributes(est: Any, alpha: torch.Tensor, m: int, per_sample: float,
+                         pre: _NystromPreconditioner, s: int, beta: float) -> None:
+    """The fitted attributes EigenPro 2 and 3 share: ``alpha_``, ``batch_size_``, ``step_`` (per batch),
+    ``top_q_``, ``n_nystrom_`` and ``beta_``."""
+    est.alpha_ = alpha
+    est.batch_size_ = m
+    est.step_ = per_sample * m
+    est.top_q_ = pre.q
+    est.n_nystrom_ = s
+    est.beta_ = beta
+
+
 def _check_batch(value: Any, name: str) -> Union[str, int]:
     if isinstance(value, str):
         return check_choice(name, value, ("auto",))
@@ -461,12 +473,7 @@ class EigenPro2:
             predict=lambda: scorer(self.kernel, X, alpha, self.dtype, self.device, self._one_d),
             callback=callback, watch=watch, notes=notes)
         self.X_ = X
-        self.alpha_ = alpha
-        self.batch_size_ = m
-        self.step_ = per_sample * m
-        self.top_q_ = pre.q
-        self.n_nystrom_ = s
-        self.beta_ = beta
+        _set_step_attributes(self, alpha, m, per_sample, pre, s, beta)
         self.lambda_q1_ = pre.tail + self.ridge / n
         self.lambda_step_ = lam
         self.notes = notes
@@ -679,12 +686,7 @@ class EigenPro3:
             callback=callback, watch=watch, notes=self.notes)
         self.X_n_features_ = d
         self.centers_ = Z
-        self.alpha_ = alpha
-        self.batch_size_ = m
-        self.step_ = per_sample * m
-        self.top_q_ = pre.q
-        self.n_nystrom_ = s
-        self.beta_ = beta
+        _set_step_attributes(self, alpha, m, per_sample, pre, s, beta)
         self.lambda_q1_ = pre.tail
         self.nystrom_indices_ = pre.idx
         self.preconditioner_factor_ = pre.F
