@@ -92,6 +92,7 @@ class FreeFactor:
         return self._fresh_solve(K, free, d, V)
 
     def _fresh_solve(self, K, free, d, V):
+        self.L0, self.rows = None, []  # the old factor goes before the new block is formed (peak: K, H, L)
         H = K.clone() if free.numel() == K.shape[0] else K[free.unsqueeze(1), free]
         H.diagonal().add_(d[free])
         L = _cholesky(H)
