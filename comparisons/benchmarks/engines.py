@@ -139,23 +139,19 @@ def reference_rows(n: int, seed: int = 0, C: float = 1.0) -> None:
     gamma, delta, tau = 0.05, 0.5, 0.8
     K, Kc = rbf_kernel(X, gamma=gamma), rbf_kernel(Xc, gamma=gamma)
 
-    def primal(Kmat, a, b, values):  # 1/2 a^T K a + C sum l, with f = K a + b
-        f = Kmat @ a + b
-        return float(0.5 * a @ (f - b) + C * values(f).sum()), f
-
-    def absolute():  # LIBSVM: SVR with epsilon = 0 is the absolute loss
+    def absolute():  # LIBSVM: SVR with epsilon = 0 is the absolute loss (its primal as for the SVR rows above)
         ref = SVR(C=C, gamma=gamma, epsilon=0.0, tol=1e-10).fit(X, y)
-        a = np.zeros(n)
-        a[ref.support_] = ref.dual_coef_.ravel()
-        return primal(K, a, float(ref.intercept_[0]), lambda f: np.abs(y - f))[0], "LIBSVM SVR(epsilon=0)"
+        kw = dict(loss="epsilon_insensitive", epsilon=0.0)
+        return _sklearn_primal(kw, ref, X, y, ref.predict(X), C), "LIBSVM SVR(epsilon=0)"
 
     def huber():  # LIBSVM: the Huber dual is SVR's (epsilon = 0, box C delta) on K + I / C
         ref = SVR(kernel="precomputed", C=C * delta, epsilon=0.0, tol=1e-10).fit(K + np.eye(n) / C, y)
         a = np.zeros(n)
         a[ref.support_] = ref.dual_coef_.ravel()
-        r = lambda f: np.abs(y - f)
-        return primal(K, a, float(ref.intercept_[0]), lambda f: np.where(
-            r(f) <= delta, 0.5 * r(f) ** 2, delta * (r(f) - 0.5 * delta)))[0], "LIBSVM SVR(precomputed K + I/C)"
+        Ka = K @ a  # the model's f = K a + b on the base kernel (K + I / C is only the dual's)
+        r = np.abs(y - Ka - float(ref.intercept_[0]))
+        loss = np.where(r <= delta, 0.5 * r ** 2, delta * (r - 0.5 * delta))
+        return float(0.5 * a @ Ka + C * loss.sum()), "LIBSVM SVR(precomputed K + I/C)"
 
     def pinball():  # dual: min 1/2 a^T K a - y^T a, C (tau - 1) <= a <= C tau, sum a = 0
         return -_box_qp_optimum(K, -y, np.full(n, C * (tau - 1.0)), np.full(n, C * tau), True), "Clarabel dual QP"
