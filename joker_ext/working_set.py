@@ -55,9 +55,9 @@ import torch
 
 from .active_set import (FREE, SIGMA_FLOOR, SIGMA_START, _Column, box_qp_inputs, next_sigma, outer_loop,
                          supports_active_set)
-from .engines import DEFAULT_EXACT_MEMORY, WORKING_SET_SIZE, Monitor, register_solver, sigint_as_flag
+from .engines import WORKING_SET_SIZE, Monitor, register_solver, sigint_as_flag
 from .losses import Loss
-from .memory import is_out_of_memory
+from .memory import is_out_of_memory, working_set_cache_rows
 from .solver import SolverOptions, SolverResult
 
 __all__ = ["working_set", "supports_working_set"]
@@ -365,8 +365,7 @@ def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options:
         alpha[:, alpha.sum(0).abs() > 1e-12 * alpha.abs().sum(0).clamp_min(1.0)] = 0.0
     q = max(2, min(int(working_set_size), n))
     if cache_columns is None:  # all of K when it fits half the default budget of the exact engines, else 4 q rows
-        itemsize = torch.finfo(dtype).bits // 8
-        cache_columns = n if n * n * itemsize <= DEFAULT_EXACT_MEMORY // 2 else min(n, 4 * q)
+        cache_columns = working_set_cache_rows(n, torch.finfo(dtype).bits // 8, q)
     mon = Monitor(opts, callback=callback, validation=validation, snapshot=snapshot, snapshot_every=snapshot_every,
                   dtype=dtype)
     state = {"f": torch.zeros_like(alpha)}
