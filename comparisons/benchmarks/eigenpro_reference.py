@@ -1,78 +1,121 @@
-"""Reference row: the authors' EigenPro 2 code beside :class:`joker_ext.comparisons.solvers.EigenPro2`, same problem
-and budget.
+"""Reference rows: the authors' EigenPro 2 or EigenPro 3 code beside :class:`joker_ext.comparisons.solvers.EigenPro2`
+or :class:`~joker_ext.comparisons.solvers.EigenPro3`, same problem and budget.
 
-    # a checkout of https://github.com/EigenPro/EigenPro-pytorch *outside* this project (never copied in):
-    git clone https://github.com/EigenPro/EigenPro-pytorch /tmp/EigenPro-pytorch
+    # a checkout of the authors' repository *outside* this project (never copied in), e.g. with git clone:
+    #   EigenPro 2: https://github.com/EigenPro/EigenPro-pytorch -> /tmp/EigenPro-pytorch
+    #   EigenPro 3: https://github.com/EigenPro/EigenPro3        -> /tmp/EigenPro3
     OMP_NUM_THREADS=1 nice -n 19 python -m joker_ext.comparisons.benchmarks.eigenpro_reference \\
         --source /tmp/EigenPro-pytorch --n-train 20000 --epochs 5
+    # EigenPro 3's code calls scipy.linalg.eigh(eigvals=...), removed in scipy 1.14: put an older scipy
+    # (and a numpy it supports) on PYTHONPATH from a folder outside the project
+    pip install --no-deps --target /tmp/ep3deps scipy==1.13.1 numpy==2.2.6
+    PYTHONPATH=/tmp/ep3deps OMP_NUM_THREADS=1 nice -n 19 python -m joker_ext.comparisons.benchmarks.eigenpro_reference \\
+        --implementation ep3 --source /tmp/EigenPro3 --n-train 20000 --epochs 5 --M 2000
 
-The authors' package (``eigenpro2.KernelModel``) is imported from ``--source`` at run time. Both solve
-EigenPro's own problem, kernel interpolation ``K alpha = y`` stopped after ``--epochs`` passes (the authors' code
-has no ridge term: ours runs with ``ridge=0``), on the harness's flights split (targets z-scored, RMSE in minutes),
+The authors' package (``eigenpro2.KernelModel`` or ``eigenpro3.models.KernelModel``) is imported from
+``--source`` at run time. Common to both: the harness's flights split (targets z-scored, RMSE in minutes),
 Gaussian kernel ``exp(-||x - y||^2 / (2 sigma^2))`` (their ``gaussian(samples, centers, bandwidth)`` is the same
-function), float32 (the authors' model keeps its weights in float32), one thread, the same subsample size
-(their default ``min(n, 2000)`` below 100,000 points) and their automatic q, batch and step. The random
-streams differ (their subsample and batches come from torch's global generator). Prints one markdown row per
-implementation: fit seconds, test RMSE, and the gap between them.
-Their ``fit`` also evaluates the training and validation error after every epoch; that time is inside their
-measured fit time (it is ~2 x 5000 x n kernel entries per epoch against n^2 for the epoch itself).
+function with ``bandwidth = sigma``; checked on the data at start-up), float32 (the authors' models keep their
+weights in float32), one thread, the same epochs. The random streams differ (their subsamples and batches
+come from torch's global generator). Prints one markdown row per implementation: fit seconds, test RMSE,
+set-up, and the gap between them.
+
+``--implementation ep2`` (default): EigenPro's own problem, kernel interpolation ``K alpha = y`` stopped after
+``--epochs`` passes (the authors' code has no ridge term: ours runs with ``ridge=0``), the same subsample size
+(their default ``min(n, 2000)`` below 100,000 points) and their automatic q, batch and step. Their ``fit`` also
+evaluates the training and validation error after every epoch; that time is inside their measured fit time
+(it is ~2 x 5000 x n kernel entries per epoch against n^2 for the epoch itself).
+
+``--implementation ep3``: least squares over ``f = K(., Z) alpha`` with the same ``--M`` centres Z (drawn once
+from the training rows with ``--seed``, handed to both), the same data preconditioner (s = ``--n-nystrom``
+rows, level q = ``--top-q``; ours draws the subsample and theirs is handed the same rows), their automatic
+batch and step, and for the inexact projection both implementations' defaults (2 epochs of EigenPro 2 on the
+centres with ``min(p, 2000)`` Nystrom centres and an automatic q). Their timed fit is the model's
+construction (the data preconditioner) plus ``fit``, which sets up the projection's preconditioner on its
+first batch. Their package imports ``torchvision.datasets`` for its demo loaders only; where torchvision is
+not installed, a placeholder module stands in for it (any use of it raises).
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import io
 import sys
 import time
+import types
+from typing import Callable, List, Tuple
 
 import numpy as np
 import torch
 
+Row = Tuple[str, float, float, str]
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--source", required=True, help="folder of a checkout of EigenPro/EigenPro-pytorch")
-    ap.add_argument("--n-train", type=int, default=20000)
-    ap.add_argument("--n-test", type=int, default=2000)
-    ap.add_argument("--epochs", type=int, default=5)
-    ap.add_argument("--sigma", type=float, default=1.0)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-    torch.set_num_threads(1)
 
-    from joker_ext.comparisons.datasets import load
+def _import_from(source: str, module: str, names: List[str]) -> list:
+    """``from module import names`` with ``source`` (a checkout outside the project) first on sys.path."""
+    sys.path.insert(0, source)
+    try:
+        mod = __import__(module, fromlist=names)
+    finally:
+        sys.path.pop(0)
+    return [getattr(mod, name) for name in names]
+
+
+def _stub_torchvision() -> None:
+    """A placeholder ``torchvision.datasets`` for the authors' EigenPro 3 package, which imports its dataset
+    classes at import time for its demo loaders (not used here); any use of the placeholders raises."""
+    if importlib.util.find_spec("torchvision") is not None or "torchvision" in sys.modules:
+        return
+
+    class _Absent:
+        def __init__(self, *a, **k):
+            raise RuntimeError("torchvision is not installed: the demo data sets are unavailable")
+
+    tv, ds = types.ModuleType("torchvision"), types.ModuleType("torchvision.datasets")
+    for name in ("MNIST", "EMNIST", "FashionMNIST", "KMNIST", "CIFAR10"):
+        setattr(ds, name, _Absent)
+    tv.datasets = ds
+    sys.modules["torchvision"], sys.modules["torchvision.datasets"] = tv, ds
+
+
+def _check_bandwidth(theirs: Callable, ours, X: np.ndarray, sigma: float) -> float:
+    """Largest difference between their ``gaussian(a, b, sigma)`` and our kernel on the first 200 rows."""
+    A = torch.as_tensor(X[:200], dtype=torch.float64)
+    return float((theirs(A, A, sigma) - ours(A, A)).abs().max())
+
+
+def _print_rows(title: str, rows: List[Row]) -> None:
+    """Markdown rows; with a title, the title and the table's header first."""
+    if title:
+        print(title)
+        print("| implementation | fit s | test RMSE | set-up |")
+        print("|---|---:|---:|---|")
+    for row in rows:
+        print("| {} | {:.1f} | {:.3f} | {} |".format(*row), flush=True)
+
+
+def _print_gap(rows: List[Row]) -> None:
+    print(f"ours vs the authors': {100 * (rows[0][2] - rows[1][2]) / rows[1][2]:+.2f}% test RMSE")
+
+
+def _run_ep2(args, X, y, Xt, yt, rmse) -> None:
     from joker_ext.comparisons.solvers.eigenpro import EigenPro2, ep2_default_nystrom
     from joker_ext.kernels import GaussianKernel
 
-    ds = load("flights", "regression", n_train=args.n_train, n_test=args.n_test, seed=args.seed, standardize_y=True)
-    std = float(ds.info["y_std"])
-    X, y, Xt, yt = ds.X_train, ds.y_train, ds.X_test, ds.y_test
     n = X.shape[0]
-    s = ep2_default_nystrom(n)
-
-    def rmse(pred) -> float:
-        return std * float(np.sqrt(np.mean((np.asarray(pred, dtype=np.float64).reshape(-1) - yt) ** 2)))
-
-    rows = []
-    # ---- ours
+    s = ep2_default_nystrom(n) if args.n_nystrom is None else args.n_nystrom
+    title = (f"flights n={n}, test {Xt.shape[0]}, Gaussian sigma {args.sigma}, K alpha = y, {args.epochs} epochs, "
+             "float32, 1 thread")
     t0 = time.perf_counter()
     ours = EigenPro2(GaussianKernel(args.sigma), n_nystrom=s, ridge=0.0, epochs=args.epochs, track_residual=False,
                      seed=args.seed, dtype=torch.float32).fit(X, y)
-    rows.append(("joker_ext.comparisons.solvers.EigenPro2", time.perf_counter() - t0, rmse(ours.predict(Xt)),
-                 f"s={s}, q={ours.top_q_}, batch={ours.batch_size_}, eta={ours.step_:.3g}"))
-    print(f"flights n={n}, test {Xt.shape[0]}, Gaussian sigma {args.sigma}, K alpha = y, {args.epochs} epochs, "
-          "float32, 1 thread")
-    print("| implementation | fit s | test RMSE | set-up |")
-    print("|---|---:|---:|---|")
-    print("| {} | {:.1f} | {:.3f} | {} |".format(*rows[0]), flush=True)
+    rows = [("joker_ext.comparisons.solvers.EigenPro2", time.perf_counter() - t0, rmse(ours.predict(Xt)),
+             f"s={s}, q={ours.top_q_}, batch={ours.batch_size_}, eta={ours.step_:.3g}")]
+    _print_rows(title, rows)
 
-    # ---- the authors' code, imported from outside the project
-    sys.path.insert(0, args.source)
-    try:
-        from eigenpro2 import KernelModel
-        from eigenpro2.kernels import gaussian
-    finally:
-        sys.path.pop(0)
+    KernelModel, = _import_from(args.source, "eigenpro2", ["KernelModel"])
+    gaussian, = _import_from(args.source, "eigenpro2.kernels", ["gaussian"])
     torch.manual_seed(args.seed)
     f32 = dict(dtype=torch.float32)
     Xtr = torch.as_tensor(X, **f32)
@@ -88,9 +131,89 @@ def main(argv=None) -> None:
         ref_pred = model.forward(torch.as_tensor(Xt, **f32)).numpy()
     setup = [line for line in log.getvalue().splitlines() if line.startswith(("SVD time", "n_subsamples"))]
     rows.append(("EigenPro/EigenPro-pytorch eigenpro2.KernelModel", t_ref, rmse(ref_pred), "; ".join(setup)))
+    _print_rows("", rows[1:])
+    _print_gap(rows)
 
-    print("| {} | {:.1f} | {:.3f} | {} |".format(*rows[1]))
-    print(f"ours vs the authors': {100 * (rows[0][2] - rows[1][2]) / rows[1][2]:+.2f}% test RMSE")
+
+def _run_ep3(args, X, y, Xt, yt, rmse) -> None:
+    import scipy
+
+    from joker_ext.comparisons.solvers.eigenpro import EigenPro3
+    from joker_ext.kernels import GaussianKernel
+
+    if tuple(int(v) for v in scipy.__version__.split(".")[:2]) >= (1, 14):
+        raise SystemExit(f"scipy {scipy.__version__}: the authors' EigenPro 3 code calls scipy.linalg.eigh(eigvals=...), "
+                         "removed in scipy 1.14; put scipy<1.14 on PYTHONPATH (see the module docstring)")
+    _stub_torchvision()
+    KernelModel, = _import_from(args.source, "eigenpro3.models", ["KernelModel"])
+    gaussian, = _import_from(args.source, "eigenpro3.kernels", ["gaussian"])
+    kernel = GaussianKernel(args.sigma)
+    print(f"bandwidth check: max |their gaussian(sigma) - our GaussianKernel(sigma)| on 200 rows = "
+          f"{_check_bandwidth(gaussian, kernel, X, args.sigma):.1e}")
+
+    n = X.shape[0]
+    s = min(n, 5000) if args.n_nystrom is None else args.n_nystrom
+    centers = np.random.default_rng(args.seed).choice(n, size=args.M, replace=False)
+    f32 = dict(dtype=torch.float32)
+    Xtr = torch.as_tensor(X, **f32)
+    Z = Xtr[torch.as_tensor(centers)]
+    title = (f"flights n={n}, test {Xt.shape[0]}, Gaussian sigma {args.sigma}, least squares over M={args.M} "
+             f"shared centres, s={s}, q={args.top_q}, {args.epochs} epochs, float32, 1 thread")
+    t0 = time.perf_counter()
+    ours = EigenPro3(kernel, centers=Z, n_nystrom=s, top_q=args.top_q, epochs=args.epochs, track_residual=False,
+                     seed=args.seed, dtype=torch.float32).fit(X, y)
+    proj = ours._proj_pre
+    rows = [("joker_ext.comparisons.solvers.EigenPro3", time.perf_counter() - t0, rmse(ours.predict(Xt)),
+             f"batch={ours.batch_size_}, eta/batch={ours.step_ / ours.batch_size_:.3g}; projection: "
+             f"q={proj.q}, batch={ours._proj_m}")]
+    _print_rows(title, rows)
+
+    torch.manual_seed(args.seed)
+    log = io.StringIO()
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(log):
+        model = KernelModel(1, Z, lambda a, b: gaussian(a, b, args.sigma), X=Xtr,
+                            y=torch.as_tensor(y, **f32).reshape(-1, 1), devices=[torch.device("cpu")],
+                            nystrom_samples=Xtr[ours.nystrom_indices_], data_preconditioner_level=args.top_q)
+        model.fit(model.train_loaders, epochs=args.epochs)
+    t_ref = time.perf_counter() - t0
+    with torch.no_grad():
+        ref_pred = (gaussian(torch.as_tensor(Xt, **f32), Z, args.sigma) @ model.weights).numpy()
+    setup = [line.strip() for line in log.getvalue().splitlines()
+             if line.startswith(("Data: learning rate", "Setup time", "Projection SVD_time", "Projection setup"))]
+    rows.append(("EigenPro/EigenPro3 eigenpro3.models.KernelModel", t_ref, rmse(ref_pred), "; ".join(setup)))
+    _print_rows("", rows[1:])
+    _print_gap(rows)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--implementation", choices=("ep2", "ep3"), default="ep2",
+                    help="which authors' code --source holds: EigenPro-pytorch (ep2) or EigenPro3 (ep3)")
+    ap.add_argument("--source", required=True, help="folder of a checkout of the authors' repository")
+    ap.add_argument("--n-train", type=int, default=20000)
+    ap.add_argument("--n-test", type=int, default=2000)
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--sigma", type=float, default=1.0)
+    ap.add_argument("--M", type=int, default=2000, help="ep3: number of centres")
+    ap.add_argument("--n-nystrom", type=int, default=None,
+                    help="subsample size s: default the authors' (ep2: min(n, 2000); ep3: min(n, 5000))")
+    ap.add_argument("--top-q", type=int, default=500, help="ep3: data preconditioner level q (theirs: 500)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+
+    from joker_ext.comparisons.datasets import load
+
+    ds = load("flights", "regression", n_train=args.n_train, n_test=args.n_test, seed=args.seed, standardize_y=True)
+    std = float(ds.info["y_std"])
+    yt = ds.y_test
+
+    def rmse(pred) -> float:
+        return std * float(np.sqrt(np.mean((np.asarray(pred, dtype=np.float64).reshape(-1) - yt) ** 2)))
+
+    run = _run_ep2 if args.implementation == "ep2" else _run_ep3
+    run(args, ds.X_train, ds.y_train, ds.X_test, yt, rmse)
 
 
 if __name__ == "__main__":
