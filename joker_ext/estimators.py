@@ -13,12 +13,9 @@ distinct training points (:func:`joker_ext.kernels.median_heuristic`).
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import math
 import numbers
 import os
-import time
 import warnings
 from typing import Optional
 
@@ -37,11 +34,9 @@ from .conversions import gamma_to_sigma, sigma_to_gamma
 from .data import BlockData, resolve_device, resolve_dtype
 from .defaults import CONVERGENCE_WARN_GAP
 from .distributed import SingleProcess, row_shards
-from .features import ConcatFeatureMap, FeatureMap
-from .kernels import Kernel, StationaryKernel, SumKernel, as_kernel, make_kernel, median_heuristic
+from .kernels import Kernel, StationaryKernel, as_kernel, make_kernel, median_heuristic
 from .losses import Loss, get_loss
 from .model import KernelModel
-from .operators import ExactOperator, FeatureOperator
 from .plan import FitPlan, make_fit_plan
 from .validation import check_magnitude
 
@@ -49,10 +44,6 @@ __all__ = ["JokerRegressor", "JokerClassifier"]
 
 REGRESSION_LOSSES = ("squared", "huber", "epsilon_insensitive", "absolute", "pinball")
 CLASSIFICATION_LOSSES = ("hinge", "squared_hinge", "logistic", "squared")
-
-#: Largest number of (warm-started) dual solves of the intercept search.
-_MAX_INTERCEPT_ROUNDS = 60
-
 
 def _to_numpy(X):
     if torch.is_tensor(X):
@@ -80,186 +71,6 @@ def _fingerprint(*arrays) -> str:
             h.update(A[rows].tobytes())
             h.update(np.asarray(A.sum(axis=0), dtype=np.float64).tobytes())
     return h.hexdigest()
-
-
-# ---------------------------------------------------------------------------- intercept machinery
-class _OffsetLoss(Loss):
-    """``l_b(y, f) = l(y, f + b_t)`` for target column t: the loss of a model with a fixed intercept.
-
-    Its conjugate term is ``g_b(a) = g(a) + a b`` (``l_b*(s) = l*(s) - s b``), so the dual of the problem
-    with the offset is the original dual plus the linear term ``b sum_i alpha_i`` per column: ``b`` is the
-    Lagrange multiplier of the constraint ``sum_i alpha_i = 0`` that an unregularized intercept adds.
-    """
-
-    def __init__(self, base: Loss, offset: torch.Tensor):
-        self.base = base
-        self.offset = offset
-        self.name = base.name
-        self.margin = base.margin
-        self.quadratic = base.quadratic
-        self.kink = base.kink
-
-    def _b(self, a: torch.Tensor) -> torch.Tensor:
-        return self.offset.to(dtype=a.dtype, device=a.device)
-
-    def value(self, y, f):
-        return self.base.value(y, f + self._b(f))
-
-    def psi(self, a, y, c):
-        return self.base.psi(a, y, c) + a * self._b(a)
-
-    def psi_grad(self, a, y, c):
-        return self.base.psi_grad(a, y, c) + self._b(a)
-
-    def psi_hess(self, a, y, c):
-        return self.base.psi_hess(a, y, c)
-
-    def psi_diff(self, a, s, y, c):
-        return self.base.psi_diff(a, s, y, c) + s * self._b(a)
-
-    def box(self, y, c):
-        return self.base.box(y, c)
-
-    def conj(self, a, y, c):
-        return self.base.conj(a, y, c) + a * self._b(a)
-
-    def conj_grad(self, a, y, c):
-        return self.base.conj_grad(a, y, c) + self._b(a)
-
-    def conj_diff(self, a, s, y, c):
-        return self.base.conj_diff(a, s, y, c) + s * self._b(a)
-
-    def fenchel_young(self, y, f, a, c):
-        return self.base.fenchel_young(y, f + self._b(f), a, c)
-
-    def smoothed_dual(self, f, y, c, smoothing=0.0):
-        return self.base.smoothed_dual(f + self._b(f), y, c, smoothing)
-
-    def column(self, t):
-        return _OffsetLoss(self.base, self.offset.reshape(-1)[t : t + 1])
-
-    def check_targets(self, y):
-        self.base.check_targets(y)
-
-    def params(self):
-        return self.base.params()
-
-
-class _ConstantKernel(Kernel):
-    """``k(x, y) = rho``: the augmentation ``rho/2 (sum_i alpha_i)^2`` of the intercept search."""
-
-    supports_random_features = False
-
-    def __init__(self, rho: float):
-        self.rho = float(rho)
-
-    def __call__(self, X1, X2):
-        return torch.full((X1.shape[0], X2.shape[0]), self.rho, dtype=X1.dtype, device=X1.device)
-
-    def diag(self, X):
-        return torch.full((X.shape[0],), self.rho, dtype=X.dtype, device=X.device)
-
-    def describe(self) -> dict:
-        return {"type": "constant", "value": self.rho}
-
-    def __repr__(self) -> str:
-        return f"_ConstantKernel({self.rho:g})"
-
-
-class _ConstantFeature(FeatureMap):
-    """The one feature ``sqrt(rho)`` of :class:`_ConstantKernel` (random-feature mode)."""
-
-    def __init__(self, rho: float):
-        self.rho = float(rho)
-        self.n_features = 1
-
-    def __call__(self, X):
-        return torch.full((X.shape[0], 1), math.sqrt(self.rho), dtype=X.dtype, device=X.device)
-
-
-def _feasible_dual(alpha: torch.Tensor, shards: Optional[SingleProcess] = None) -> torch.Tensor:
-    """Shrink the side (positive or negative entries) carrying the excess so that every column of
-    ``alpha`` sums to zero. Every loss box contains 0 and is an interval, so shrinking towards 0 stays
-    inside it; the result is feasible for the dual of the problem with an intercept. (``shards``: the
-    sums run over the rows of every process.)"""
-    pos = alpha.clamp_min(0)
-    neg = (-alpha).clamp_min(0)
-    P, N = (shards or SingleProcess()).sum_many(pos.sum(0), neg.sum(0))
-    tiny = torch.finfo(alpha.dtype).tiny
-    scale_pos = torch.where(P > N, N / P.clamp_min(tiny), torch.ones_like(P))
-    scale_neg = torch.where(N > P, P / N.clamp_min(tiny), torch.ones_like(N))
-    return pos * scale_pos - neg * scale_neg
-
-
-class _RootSearch:
-    """Safeguarded search, per column, for the root of the nonincreasing function ``s(b)``.
-
-    First moves take the proximal step ``b + rho s(b)`` (the intercept of the augmented problem, which
-    never overshoots the root: ``b + rho s(b)`` is the proximal map of the concave dual function of
-    ``b``, so its slope lies in [0, 1]) or a secant step stretched by 1.5 when that is longer, so that a
-    bracket forms quickly; inside a bracket it uses the Illinois variant of regula falsi, falling back
-    to bisection when a step would leave the bracket. No step is shorter than the proximal step; a
-    bracket end that a step passes (its sign of ``s`` was spoiled by rounding in the inner solve) is
-    dropped.
-    """
-
-    def __init__(self, b0: np.ndarray, rho: float):
-        self.b = np.array(b0, dtype=np.float64)
-        self.rho = rho
-        T = self.b.shape[0]
-        self.lo = np.full(T, -np.inf)
-        self.hi = np.full(T, np.inf)
-        self.s_lo = np.zeros(T)
-        self.s_hi = np.zeros(T)
-        self.side = np.zeros(T, dtype=np.int64)  # side retained twice in a row (Illinois)
-        self.prev_b: Optional[np.ndarray] = None
-        self.prev_s: Optional[np.ndarray] = None
-
-    def update(self, s: np.ndarray) -> np.ndarray:
-        b = self.b
-        new = b.copy()
-        for t in range(b.shape[0]):
-            st = s[t]
-            if st > 0:
-                if b[t] >= self.lo[t]:
-                    self.lo[t], self.s_lo[t] = b[t], st
-                    if self.side[t] == -1 and np.isfinite(self.hi[t]):
-                        self.s_hi[t] *= 0.5
-                    self.side[t] = -1
-            elif st < 0:
-                if b[t] <= self.hi[t]:
-                    self.hi[t], self.s_hi[t] = b[t], st
-                    if self.side[t] == 1 and np.isfinite(self.lo[t]):
-                        self.s_lo[t] *= 0.5
-                    self.side[t] = 1
-            else:
-                continue
-            if np.isfinite(self.lo[t]) and np.isfinite(self.hi[t]):
-                # Illinois regula falsi on the bracket [lo, hi] where s(lo) > 0 > s(hi).
-                w_lo, w_hi = abs(self.s_hi[t]), abs(self.s_lo[t])
-                cand = (self.lo[t] * w_lo + self.hi[t] * w_hi) / (w_lo + w_hi)
-                if not (self.lo[t] < cand < self.hi[t]):
-                    cand = 0.5 * (self.lo[t] + self.hi[t])
-                new[t] = cand
-            else:
-                step = self.rho * st
-                if self.prev_b is not None and self.prev_s[t] != st and self.prev_b[t] != b[t]:
-                    sec = -st * (b[t] - self.prev_b[t]) / (st - self.prev_s[t])
-                    if np.isfinite(sec) and sec * st > 0 and abs(1.5 * sec) > abs(step):
-                        step = 1.5 * sec
-                new[t] = b[t] + step
-            # Never less than the proximal step b + rho s (it cannot pass the root in exact arithmetic); a
-            # bracket end that the step crosses came from a value of s spoiled by rounding: drop it.
-            prox = b[t] + self.rho * st
-            if (new[t] - b[t]) * np.sign(st) < abs(prox - b[t]):
-                new[t] = prox
-            if new[t] >= self.hi[t]:
-                self.hi[t], self.s_hi[t], self.side[t] = np.inf, 0.0, 0
-            if new[t] <= self.lo[t]:
-                self.lo[t], self.s_lo[t], self.side[t] = -np.inf, 0.0, 0
-        self.prev_b, self.prev_s = b.copy(), np.array(s, dtype=np.float64)
-        self.b = new
-        return new
 
 
 class _JokerBase(BaseEstimator):
@@ -459,19 +270,17 @@ class _JokerBase(BaseEstimator):
             alpha0, b0 = None, None
         data = BlockData(torch.from_numpy(np.array(Xk, copy=True, order="C")), plan.dtype, plan.device)
         Yt = torch.as_tensor(Yk)
-        if plan.intercept == "search":
-            model, intercept, res, n_iter, rounds = self._fit_with_intercept(data, Yt, plan, alpha0, b0, shards)
-        else:
-            checkpoint = None if self.fit_intercept else self.checkpoint  # documented: not with an intercept
-            resume = None
-            if checkpoint is not None and not shards.any(not os.path.isfile(checkpoint)) and alpha0 is None:
-                resume = checkpoint  # continue an interrupted fit of the same data bitwise
-            model = plan.fit(data, Yt, shards=shards, alpha0=alpha0, resume=resume, checkpoint_path=checkpoint,
-                             checkpoint_every=self.checkpoint_every)
-            res = model.result
-            in_engine = plan.intercept == "engine"
-            n_iter, rounds = res.n_iter, int(in_engine)
-            intercept = res.state["intercept"].double().cpu().numpy() if in_engine else np.zeros(Yk.shape[1])
+        checkpoint = None if self.fit_intercept else self.checkpoint  # documented: not with an intercept
+        resume = None
+        if checkpoint is not None and not shards.any(not os.path.isfile(checkpoint)) and alpha0 is None:
+            resume = checkpoint  # continue an interrupted fit of the same data bitwise
+        # with an intercept the engine fits it or joker_ext.intercept searches for it (plan.intercept)
+        model = plan.fit(data, Yt, shards=shards, alpha0=alpha0, resume=resume, checkpoint_path=checkpoint,
+                         checkpoint_every=self.checkpoint_every, intercept0=b0)
+        res = model.result
+        n_iter = res.n_iter
+        rounds = int(res.state["intercept_rounds"]) if plan.intercept == "search" else int(plan.intercept == "engine")
+        intercept = res.state["intercept"].double().cpu().numpy() if self.fit_intercept else np.zeros(Yk.shape[1])
         self.fit_plan_ = plan
         self.X_fit_ = np.asarray(Xk, dtype=np.float64 if self.dtype_ == torch.float64 else np.float32)
         self._fit_fingerprint = fingerprint
@@ -480,11 +289,11 @@ class _JokerBase(BaseEstimator):
         self.intercept_ = self._format_intercept(np.asarray(intercept, dtype=np.float64))
         self.n_iter_ = int(n_iter)
         self.n_intercept_rounds_ = int(rounds)
-        self.status_ = res["status"] if isinstance(res, dict) else res.status
+        self.status_ = res.status
         for attr, key in (("primal_objective_", "primal"), ("dual_objective_", "dual"), ("duality_gap_", "gap"),
                           ("relative_gap_", "rel_gap")):
-            setattr(self, attr, float(res[key] if isinstance(res, dict) else getattr(res, key)))
-        self.history_ = res["history"] if isinstance(res, dict) else res.history
+            setattr(self, attr, float(getattr(res, key)))
+        self.history_ = res.history
         self.block_size_ = plan.options.block_size
         self._model_cache = model
         if self.status_ != "converged" and self.relative_gap_ > max(plan.options.tol, CONVERGENCE_WARN_GAP):
@@ -495,118 +304,6 @@ class _JokerBase(BaseEstimator):
                 ConvergenceWarning,
             )
         return self
-
-    # ------------------------------------------------------------------ intercept
-    def _fit_with_intercept(self, data: BlockData, Y: torch.Tensor, plan: FitPlan, alpha0, b0,
-                            shards: SingleProcess):
-        """Fit ``f(x) = sum_i alpha_i k(x_i, x) + b`` with an unregularized ``b`` per target.
-
-        The dual gains the constraint ``sum_i alpha_i = 0``, whose multiplier is ``b``. For a given ``b``
-        DBCD-TR solves the dual of the problem with the loss ``l(y, f + b)`` (linear term ``b sum alpha``)
-        and the kernel ``K + rho`` (the augmentation ``rho/2 (sum alpha)^2``, which makes
-        ``s(b) = sum_i alpha_i(b)`` single-valued, continuous and nonincreasing); the model of that
-        problem has intercept ``b + rho s(b)``. A safeguarded root search (:class:`_RootSearch`) drives
-        ``s(b)`` to zero, each solve warm-started from the last. The stopping test is the relative
-        duality gap of the joint problem: primal ``P(f, b_eff)`` against the dual at ``alpha`` made
-        feasible by :func:`_feasible_dual`. With rows spread over processes every sum over rows is
-        all-reduced (``shards``), so each rank takes the same steps.
-        """
-        T = Y.shape[1]
-        dtype, device, loss, opts = plan.dtype, plan.device, plan.loss, plan.options
-        tol = opts.tol
-        # rho: the kernel's scale (its mean diagonal), so K and the constant part are balanced.
-        probe = data.take(torch.arange(min(data.n, 256)))
-        rho = float(plan.kernel.diag(probe).mean()) if data.n else 1.0
-        if not math.isfinite(rho) or rho <= 0:
-            rho = 1.0
-        rho = float(shards.broadcast_(torch.tensor([rho], dtype=torch.float64)))  # rank 0's, on every rank
-        if plan.feature_map is None:
-            kern, fmap = SumKernel([plan.kernel, _ConstantKernel(rho)]), None
-            base_op = ExactOperator(plan.kernel, data)
-        else:
-            kern, fmap = plan.kernel, ConcatFeatureMap([plan.feature_map, _ConstantFeature(rho)])
-            base_op = FeatureOperator(plan.feature_map, data)
-        Yd = Y.to(device=device, dtype=dtype)
-        cd = plan.c.to(device=device, dtype=dtype).reshape(-1, 1)
-        search = _RootSearch(np.zeros(T) if b0 is None else b0, rho)
-        alpha = alpha0
-        total, rounds = 0, 0
-        history = []
-        best = None
-        eps = torch.finfo(dtype).eps
-        t0 = time.perf_counter()
-        # Inexact early solves: each to a hundredth of the joint gap of the previous round (an inexact
-        # augmented Lagrangian); the floor 64 eps is where float rounding makes the gap stall.
-        floor = 64 * torch.finfo(dtype).eps
-        tol_eff = max(tol, floor)
-        inner_tol = max(tol_eff, 1e-6)
-        while True:
-            b = torch.as_tensor(search.b, dtype=torch.float64)
-            elapsed = time.perf_counter() - t0
-            # Half of the remaining budget per solve, so that a solve stalled at the rounding floor
-            # leaves room for the search to go on.
-            inner = dataclasses.replace(opts, max_iter=max(1, -(-(opts.max_iter - total) // 2)), tol=inner_tol,
-                                        max_time=None if opts.max_time is None else max(1e-3, opts.max_time - elapsed))
-            model = plan.replace(loss=_OffsetLoss(loss, b), kernel=kern, feature_map=fmap, options=inner,
-                                 intercept="none").fit(data, Y, shards=shards, alpha0=alpha)
-            res = model.result
-            total += res.n_iter
-            rounds += 1
-            alpha = model.alpha
-            (s,) = shards.sum_many(alpha.sum(0))
-            s = s.double().cpu().numpy()
-            b_eff = search.b + rho * s
-            # Joint duality gap (base kernel, intercept b_eff).
-            if fmap is None:
-                F = res.state["f"] - torch.as_tensor(rho * s, dtype=dtype, device=device)  # K alpha
-                beta = None
-            else:
-                beta = res.state["beta"][:-1]
-                F = base_op.predictions({"beta": beta}, alpha)
-            beff_t = torch.as_tensor(b_eff, dtype=dtype, device=device)
-            quad, loss_terms = shards.sum_many((alpha * F).sum(0), (cd * loss.value(Yd, F + beff_t)).sum(0))
-            primal = 0.5 * quad + loss_terms
-            alpha_f = _feasible_dual(alpha, shards)
-            delta = alpha_f - alpha
-            if fmap is None:
-                Ff = F + base_op.init_state(delta)["f"]
-                quad_f = (alpha_f * Ff).sum(0)
-            else:
-                beta_f = shards.sum_(base_op.init_state(alpha_f)["beta"])
-                quad_f = (beta_f * beta_f).sum(0)
-            (conj_terms,) = shards.sum_many(loss.conj(alpha_f, Yd, cd).sum(0))
-            dual = 0.5 * quad_f + conj_terms
-            P, D = float(primal.sum()), float(dual.sum())
-            gap = P + D
-            rel = gap / max(abs(P), abs(D), torch.finfo(dtype).tiny)
-            rec = {"round": rounds, "iteration": total, "time": time.perf_counter() - t0, "primal": P, "dual": D,
-                   "gap": gap, "rel_gap": rel, "intercept": b_eff.copy(), "sum_alpha": s.copy(),
-                   "inner_rel_gap": res.rel_gap}
-            history.append(rec)
-            if best is None or rel <= best["rel_gap"]:
-                best = dict(rec, model=model, beta=beta)
-            if rel <= tol_eff:
-                status = "converged"
-                break
-            inner_tol = max(tol_eff, min(inner_tol, 1e-2 * rel))
-            # s at the rounding level of a sum of the alphas: the search cannot resolve b any better.
-            (abs_sum,) = shards.sum_many(alpha.abs().sum(0))
-            stagnant = bool(np.all(np.abs(s) <= 16 * eps * abs_sum.double().cpu().numpy()))
-            out_of_time = opts.max_time is not None and time.perf_counter() - t0 >= opts.max_time
-            if stagnant:
-                status = "converged" if rel <= max(tol_eff, 1e-10) else "stalled"
-                break
-            if res.status in ("max_time", "interrupted", "callback") or total >= opts.max_iter or out_of_time \
-                    or rounds >= _MAX_INTERCEPT_ROUNDS:
-                status = res.status if res.status not in ("converged", "max_iter") else (
-                    "max_time" if out_of_time else "max_iter")
-                break
-            search.update(s)
-        model = best["model"]
-        out = KernelModel(plan.kernel, plan.feature_map, data, model.alpha, best["beta"], result=model.result)
-        summary = {"status": status, "primal": best["primal"], "dual": best["dual"], "gap": best["gap"],
-                   "rel_gap": best["rel_gap"], "history": history}
-        return out, best["intercept"], summary, total, rounds
 
     # ------------------------------------------------------------------ prediction
     def _model(self) -> KernelModel:
@@ -725,13 +422,14 @@ _COMMON_PARAMS_DOC = """
         Random-feature form: cos/sin pairs, random-phase cosines, orthogonal random features.
     fit_intercept : bool, default False
         Add an unregularized bias: ``f(x) = sum_i alpha_i k(x_i, x) + b`` (one ``b`` per output), the
-        model of SVC / SVR. The dual then has the constraint ``sum_i alpha_i = 0``, which block coordinate
-        descent cannot keep; ``b`` is its Lagrange multiplier and is found by a safeguarded root search on
-        ``s(b) = sum_i alpha_i(b)``, each step one warm-started DBCD-TR solve of the dual with the loss
-        ``l(y, f + b)`` and the augmented kernel ``K + rho`` (``rho`` = mean kernel diagonal), typically
-        5-15 solves. It stops when the duality gap of the joint problem (``alpha`` made feasible by
-        shrinking its excess side) is below ``tol``; ``n_iter_`` counts the block iterations of all
-        solves, ``n_intercept_rounds_`` the solves. Default False: the model of the Joker paper and of
+        model of SVC / SVR. The dual then has the constraint ``sum_i alpha_i = 0``. The 'active_set' and
+        'working_set' engines keep it themselves; around the others (DBCD-TR, Newton), which cannot, ``b`` is
+        its Lagrange multiplier and is found by the intercept search of :mod:`joker_ext.intercept` (the
+        same for every face of joker_ext): a safeguarded root search on ``s(b) = sum_i alpha_i(b)``, each
+        step one warm-started engine solve of the dual with the loss ``l(y, f + b)`` and the augmented
+        kernel ``K + rho`` (``rho`` = mean kernel diagonal), typically 5-15 solves. It stops when the
+        duality gap of the joint problem (``alpha`` made feasible by shrinking its excess side) is below
+        ``tol``; ``n_iter_`` counts the iterations of all solves, ``n_intercept_rounds_`` the solves. Default False: the model of the Joker paper and of
         KernelRidge, ``f(x) = sum_i alpha_i k(x_i, x)``.
     block_size : int, optional
         Rows per block (default: 2048 for n <= 5e5, 512 above; 1024 for logistic; at most n).

@@ -18,8 +18,8 @@ from .distributed import row_shards
 from .features import FeatureMap
 from .kernels import Kernel
 from .losses import Loss
-from .engines import (available_solvers, default_max_iter as default_engine_iter, get_solver, resolve_solver,
-                      supports_intercept)
+from .engines import default_max_iter as default_engine_iter, get_solver, resolve_solver, supports_intercept
+from .intercept import fit_intercept_search
 from .memory import parse_memory, plan_blocks
 from .operators import ExactOperator, FeatureOperator
 from .solver import SolverOptions, SolverResult
@@ -97,6 +97,7 @@ def fit_dual(
     block_model: str = "auto",
     solver: str = "auto",
     intercept: bool = False,
+    intercept0=None,
     distributed=False,
 ) -> KernelModel:
     """Train the model with the chosen engine and return a :class:`KernelModel`.
@@ -130,8 +131,15 @@ def fit_dual(
         ``options.max_iter`` counts that engine's outer iterations. The chosen name is stored in
         ``model.extra['solver']``.
     intercept : bool
-        Fit an unregularized intercept per target inside the engine (engines registered with
-        ``intercept=True``, e.g. 'active_set'); it is returned as ``model.result.state['intercept']``.
+        Fit an unregularized intercept per target, returned as ``model.result.state['intercept']`` (shape (T,);
+        ``model.decision`` leaves it out). Engines registered with ``intercept=True`` (e.g. 'active_set',
+        'working_set') fit it themselves; around every other engine the intercept search of
+        :func:`joker_ext.intercept.fit_intercept_search` runs (warm-started engine solves; ``options.max_iter``
+        is then the budget of all solves, ``model.result.state['intercept_rounds']`` their number and
+        ``model.result.history`` has one record per solve). The search takes no ``resume``, ``checkpoint_path``
+        or ``validation``; ``callback`` is called once per solve with the joint problem's iterate.
+    intercept0 : array (T,), optional
+        Warm start of the intercept search (ignored by engines that fit the intercept themselves).
     distributed : bool or RowShards
         True: ``X``, ``Y`` and ``c`` are this process's shard of the training rows, spread over the
         processes of the initialised ``torch.distributed`` process group (:mod:`joker_ext.distributed`);
@@ -187,11 +195,14 @@ def fit_dual(
     engine = get_solver(name, op.mode)
     if shards.distributed:
         kw["shards"] = shards
+    if intercept and not supports_intercept(name, op.mode):
+        return _fit_with_search(data, Yd, loss=loss, c=c, kernel=kernel, feature_map=feature_map, options=opts,
+                                dtype=dtype, device=device, alpha0=alpha0, intercept0=intercept0, callback=callback,
+                                chunk_rows=chunk_rows, backend=backend, max_memory=max_memory,
+                                block_model=block_model, solver=name, shards=shards, n_all=n_all,
+                                unsupported={"resume": resume, "checkpoint_path": checkpoint_path,
+                                             "validation": validation})
     if intercept:
-        if not supports_intercept(name, op.mode):
-            able = [s for s in available_solvers(op.mode) if supports_intercept(s, op.mode)]
-            raise ValueError(f"intercept=True needs an engine that fits the intercept itself; solver {name!r} "
-                             f"({op.mode} mode) does not (those that do in {op.mode} mode: {able})")
         kw["intercept"] = True
     if budget is not None and name == "working_set":  # half the budget to the kernel-column cache
         kw["cache_columns"] = max(1, budget // (2 * data.n * (torch.finfo(dtype).bits // 8)))
@@ -235,3 +246,30 @@ def fit_dual(
     return KernelModel(kernel=kernel, feature_map=feature_map, X_train=data, alpha=res.alpha, beta=beta,
                        result=res, chunk_rows=chunk_rows, backend=backend,
                        extra={"solver": name, "bytes_reduced": shards.bytes_reduced, "world_size": shards.world_size})
+
+
+def _fit_with_search(data, Yd, *, loss, c, kernel, feature_map, options, dtype, device, alpha0, intercept0, callback,
+                     chunk_rows, backend, max_memory, block_model, solver, shards, n_all, unsupported) -> KernelModel:
+    """:func:`fit_dual` with ``intercept=True`` for an engine that does not fit the intercept itself: the search of
+    :func:`joker_ext.intercept.fit_intercept_search`, each of its solves one :func:`fit_dual` without intercept."""
+    given = [k for k, v in unsupported.items() if v is not None]
+    if given:
+        raise ValueError(f"{given[0]} cannot be used with intercept=True and solver {solver!r}, which gets the "
+                         f"intercept from the intercept search (joker_ext.intercept); got {given[0]}="
+                         f"{unsupported[given[0]]!r:.80}")
+    if options.max_iter is None:
+        options = replace(options, max_iter=default_engine_iter(solver, n_all, options.block_size))
+
+    def solve(*, loss, kernel, feature_map, options, alpha0) -> SolverResult:
+        return fit_dual(data, Yd, loss=loss, c=c, kernel=kernel, feature_map=feature_map, options=options,
+                        dtype=dtype, device=device, alpha0=alpha0, chunk_rows=chunk_rows, backend=backend,
+                        max_memory=max_memory, block_model=block_model, solver=solver, intercept=False,
+                        distributed=shards).result
+
+    res = fit_intercept_search(data, Yd, loss=loss, c=c, kernel=kernel, feature_map=feature_map, options=options,
+                               dtype=dtype, device=device, solve=solve, alpha0=alpha0, intercept0=intercept0,
+                               shards=shards, callback=callback)
+    return KernelModel(kernel=kernel, feature_map=feature_map, X_train=data, alpha=res.alpha,
+                       beta=res.state.get("beta"), result=res, chunk_rows=chunk_rows, backend=backend,
+                       extra={"solver": solver, "intercept": "search", "bytes_reduced": shards.bytes_reduced,
+                              "world_size": shards.world_size})

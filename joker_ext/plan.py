@@ -35,7 +35,8 @@ from .losses import Loss
 from .memory import parse_memory
 from .model import KernelModel, fit_dual
 from .solver import SolverOptions
-from .validation import check_choice, check_device, check_dtype, check_positive, check_positive_int, invalid
+from .validation import (check_bool, check_choice, check_device, check_dtype, check_positive,
+                         check_positive_int, invalid)
 
 __all__ = ["FitPlan", "make_fit_plan", "feature_map_for", "FEATURE_MODES",
            "RANDOM_FEATURE_MODES", "INTERCEPT_MODES", "ITERATION_BUDGETS"]
@@ -45,7 +46,8 @@ RANDOM_FEATURE_MODES = ("cossin", "cos", "orf")
 #: Every model class a plan can hold.
 FEATURE_MODES = ("exact",) + RANDOM_FEATURE_MODES + ("nystrom",)
 #: ``'none'``: no intercept; ``'engine'``: the engine fits it (the dual constraint ``sum_i alpha_i = 0``);
-#: ``'search'``: the intercept search of :mod:`joker_ext.estimators` around the engine.
+#: ``'search'``: the intercept search of :mod:`joker_ext.intercept` around the engine (run by
+#: :func:`joker_ext.model.fit_dual`, so every face gets it).
 INTERCEPT_MODES = ("none", "engine", "search")
 #: Default iteration budgets: ``'engine'``, the resolved engine's own (:func:`joker_ext.engines.default_max_iter`);
 #: ``'blocks'``, DBCD-TR's block-iteration budget whatever the engine (:func:`joker_ext.defaults.default_max_iter`).
@@ -202,13 +204,15 @@ class FitPlan:
 
         ``shards`` is the :class:`~joker_ext.distributed.RowShards` of a distributed fit (default: the plan's
         ``distributed`` flag); ``run`` holds what belongs to one run, not to the plan: ``alpha0``,
-        ``callback``, ``validation``, ``resume``, ``checkpoint_path``, ``checkpoint_every``. A plan with
-        ``intercept='search'`` runs the engine alone here: the search is the front end's loop around it.
+        ``callback``, ``validation``, ``resume``, ``checkpoint_path``, ``checkpoint_every``, ``intercept0``. With
+        ``intercept='engine'`` the engine fits the intercept; with ``intercept='search'`` the intercept search of
+        :func:`joker_ext.intercept.fit_intercept_search` runs around the engine (no ``resume``, ``validation`` or
+        checkpoints then); either way the intercepts are ``model.result.state['intercept']``.
         """
         return fit_dual(X, Y, loss=self.loss, c=self.c, kernel=self.kernel, feature_map=self.feature_map,
                         options=self.options, dtype=self.dtype, device=self.device, chunk_rows=self.chunk_rows,
                         backend=self.backend, max_memory=self.max_memory, solver=self.solver,
-                        intercept=self.intercept == "engine",
+                        intercept=self.intercept != "none",
                         distributed=self.distributed if shards is None else shards, **run)
 
     def describe(self) -> dict:
@@ -366,7 +370,8 @@ def make_fit_plan(
         'auto' or a registered engine (:func:`joker_ext.engines.resolve_solver`).
     intercept : bool
         Fit an unregularized intercept: by the engine when it can (``plan.intercept == 'engine'``), else by
-        the front end's search around it (``'search'``).
+        the intercept search of :mod:`joker_ext.intercept` around it (``'search'``); both run in
+        :meth:`FitPlan.fit`.
     distributed : bool
         Rows sharded over processes (feature engines registered ``distributed=True``).
     chunk_rows : int
@@ -379,7 +384,7 @@ def make_fit_plan(
 
     Raises
     ------
-    ValueError
+    ValueError or TypeError
         Naming the argument, what was expected and what came in.
     """
     if not isinstance(kernel, Kernel):
@@ -395,6 +400,7 @@ def make_fit_plan(
     if not isinstance(solver, str):
         raise invalid("solver", "'auto' or the name of a registered engine", solver, type_error=True)
     seed = check_positive_int("seed", seed, low=0)
+    intercept = check_bool("intercept", intercept)
     dtype = check_dtype(dtype)
     device = check_device(torch.device("cpu") if device is None else device, require_available=False)
     check_positive("max_time", max_time, allow_none=True)
@@ -415,7 +421,7 @@ def make_fit_plan(
         raise invalid("features", "the kind of the feature map given ('cossin', 'cos', 'orf' or 'nystrom')",
                       features)
     mode = "exact" if feature_map is None else "features"
-    engine = _resolve_engine(solver, mode, n, dtype, loss, budget, bool(intercept), bool(distributed))
+    engine = _resolve_engine(solver, mode, n, dtype, loss, budget, intercept, bool(distributed))
     intercept_mode = "none" if not intercept else ("engine" if supports_intercept(engine, mode) else "search")
 
     b, implied = _block_size(block_size, n, loss, mode == "exact", single_exact_block)

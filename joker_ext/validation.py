@@ -17,9 +17,9 @@ Data
     other than -1/+1 (or 0/1 where accepted) and a single class are refused.
 Parameters
     :func:`check_positive`, :func:`check_number`, :func:`check_fraction`, :func:`check_positive_int`,
-    :func:`check_choice`, :func:`check_callable`; losses and their parameters (:func:`check_loss`,
-    :func:`check_loss_params`), dtypes (:func:`check_dtype`), devices (:func:`check_device`), sample
-    weights (:func:`check_sample_weights`).
+    :func:`check_choice`, :func:`check_callable`, :func:`check_bool`; losses and their parameters
+    (:func:`check_loss`, :func:`check_loss_params`), dtypes (:func:`check_dtype`), devices
+    (:func:`check_device`), sample weights (:func:`check_sample_weights`).
 Optional packages
     :func:`require_package` imports one or raises ImportError naming it and how to install it.
 """
@@ -44,6 +44,7 @@ __all__ = [
     "check_positive_int",
     "check_choice",
     "check_callable",
+    "check_bool",
     "check_loss",
     "check_loss_params",
     "check_dtype",
@@ -356,6 +357,13 @@ def check_callable(name: str, value, *, allow_none: bool = True) -> Optional[Cal
     if not callable(value):
         raise TypeError(f"{name} must be callable{' or None' if allow_none else ''}, got {_describe(value)}")
     return value
+
+
+def check_bool(name: str, value) -> bool:
+    """``True`` or ``False`` (numpy's ``bool_`` too); anything else, 0 and 1 and strings included, is a TypeError."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, got {_describe(value)}")
 
 
 # ============================================================================ losses, dtypes, devices
