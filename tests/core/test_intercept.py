@@ -1,0 +1,168 @@
+"""The intercept search of joker_ext.intercept, reached through fit_dual(intercept=True) with engines that do not fit
+the intercept themselves, against independent references: the bordered linear system of kernel ridge regression with
+an unpenalised intercept, and LIBSVM's SVC / SVR on a precomputed kernel."""
+import ast
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import joker_ext
+from joker_ext.kernels import GaussianKernel
+from joker_ext.losses import get_loss
+from joker_ext.model import fit_dual
+from joker_ext.features import make_feature_map
+from joker_ext.plan import make_fit_plan
+from joker_ext.results import SolverResult
+from joker_ext.solver import SolverOptions
+
+from conftest import make_binary, make_regression
+
+F64 = torch.float64
+
+
+def _bordered(K, Y, c):
+    """[alpha; b] of ``min 1/2 a^T K a + sum_i (a_i^2 / (2 c_i) - a_i y_i)`` s.t. ``sum_i a_i = 0`` for each column of
+    Y: the solution of ``[[K + diag(1/c), 1], [1^T, 0]] [alpha; b] = [y; 0]`` (kernel ridge regression with an
+    unpenalised intercept b; ``c_i = C w_i``)."""
+    n = K.shape[0]
+    A = np.zeros((n + 1, n + 1))
+    A[:n, :n] = K + np.diag(1.0 / c)
+    A[:n, n] = 1.0
+    A[n, :n] = 1.0
+    sol = np.linalg.solve(A, np.vstack([Y, np.zeros((1, Y.shape[1]))]))
+    return sol[:n], sol[n]
+
+
+def _targets(T, n=100, seed=0):
+    X, y = make_regression(n=n, seed=seed)
+    Y = np.c_[y + 3.0, -2.0 * y + X[:, 2] - 1.5][:, :T]
+    return X, Y
+
+
+@pytest.mark.parametrize("T", [1, 2])
+def test_dbcd_tr_with_intercept_is_the_bordered_closed_form(T):
+    """fit_dual(intercept=True, solver='dbcd_tr') (which used to raise: DBCD-TR cannot keep sum alpha = 0) runs the
+    search and lands on the bordered system's solution, per-sample costs included."""
+    X, Y = _targets(T)
+    n = X.shape[0]
+    c = np.linspace(0.5, 4.0, n)
+    kernel = GaussianKernel(1.2)
+    m = fit_dual(torch.as_tensor(X), torch.as_tensor(Y), loss=get_loss("squared"), c=torch.as_tensor(c),
+                 kernel=kernel, options=SolverOptions(tol=1e-14, max_iter=2000), solver="dbcd_tr", intercept=True)
+    res = m.result
+    assert isinstance(res, SolverResult) and res.status == "converged"
+    assert m.extra["solver"] == "dbcd_tr" and m.extra["intercept"] == "search"
+    a_ref, b_ref = _bordered(kernel(torch.as_tensor(X), torch.as_tensor(X)).numpy(), Y, c)
+    b = res.state["intercept"]
+    assert b.dtype == F64 and tuple(b.shape) == (T,)
+    np.testing.assert_allclose(b.numpy(), b_ref, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(m.alpha.numpy(), a_ref, rtol=1e-7, atol=1e-8)
+    np.testing.assert_allclose(m.alpha.sum(0).numpy(), 0.0, atol=1e-10)
+    # the rounds are reported in the result: their number, one history record each, the iterations of all solves
+    rounds = int(res.state["intercept_rounds"])
+    assert 1 <= rounds == len(res.history)
+    assert [h["round"] for h in res.history] == list(range(1, rounds + 1))
+    assert res.history[-1]["iteration"] == res.n_iter
+    np.testing.assert_allclose(res.state["f"].numpy(), kernel(torch.as_tensor(X), torch.as_tensor(X)).numpy()
+                               @ m.alpha.numpy(), atol=1e-10)
+
+
+def test_feature_newton_with_intercept_is_the_bordered_closed_form_of_the_feature_kernel():
+    """Random features with the feature Newton engine: the bordered system on ``K = Phi Phi^T``."""
+    X, Y = _targets(2, n=120, seed=1)
+    kernel = GaussianKernel(1.0)
+    fmap = make_feature_map(kernel, 40, seed=3)
+    c = np.full(X.shape[0], 5.0)
+    m = fit_dual(torch.as_tensor(X), torch.as_tensor(Y), loss=get_loss("squared"), c=torch.as_tensor(c),
+                 kernel=kernel, feature_map=fmap, options=SolverOptions(tol=1e-14, max_iter=200), solver="newton",
+                 intercept=True)
+    assert m.result.status == "converged" and m.extra["intercept"] == "search"
+    Phi = fmap(torch.as_tensor(X)).numpy()
+    a_ref, b_ref = _bordered(Phi @ Phi.T, Y, c)
+    np.testing.assert_allclose(m.result.state["intercept"].numpy(), b_ref, rtol=1e-8, atol=1e-8)
+    np.testing.assert_allclose(m.beta.numpy(), Phi.T @ a_ref, rtol=1e-7, atol=1e-7)
+    assert m.beta.shape == (40, 2)  # the base features' weights, not those of the augmented problem
+
+
+def _precomputed(X, sigma):
+    return GaussianKernel(sigma)(torch.as_tensor(X), torch.as_tensor(X)).numpy()
+
+
+@pytest.mark.parametrize("C", [1.0, 10.0])
+def test_hinge_with_intercept_through_dbcd_tr_is_libsvm_svc(C):
+    """LIBSVM's C is the loss weight c_i = C; its decision function K a + b on a precomputed kernel."""
+    from sklearn.svm import SVC
+
+    X, y = make_binary(n=150, seed=2)
+    K = _precomputed(X, 1.0)
+    svc = SVC(C=C, kernel="precomputed", tol=1e-10).fit(K, y)
+    m = fit_dual(torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1), loss=get_loss("hinge"),
+                 c=torch.full((len(y),), C, dtype=F64), kernel=GaussianKernel(1.0),
+                 options=SolverOptions(tol=1e-13, max_iter=20000), solver="dbcd_tr", intercept=True)
+    assert m.result.status == "converged"
+    f_ref = svc.decision_function(K)
+    f = K @ m.alpha[:, 0].numpy() + float(m.result.state["intercept"][0])
+    np.testing.assert_allclose(f, f_ref, atol=1e-4 * np.abs(f_ref).max())
+    assert abs(float(m.result.state["intercept"][0]) - svc.intercept_[0]) <= 1e-4 * max(1.0, abs(svc.intercept_[0]))
+
+
+def test_epsilon_insensitive_with_intercept_through_dbcd_tr_is_libsvm_svr():
+    from sklearn.svm import SVR
+
+    X, y = make_regression(n=150, seed=4)
+    y = y + 2.0
+    C, eps = 3.0, 0.15
+    K = _precomputed(X, 1.0)
+    svr = SVR(C=C, epsilon=eps, kernel="precomputed", tol=1e-10).fit(K, y)
+    m = fit_dual(torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1), loss=get_loss("epsilon_insensitive",
+                 epsilon=eps), c=torch.full((len(y),), C, dtype=F64), kernel=GaussianKernel(1.0),
+                 options=SolverOptions(tol=1e-13, max_iter=20000), solver="dbcd_tr", intercept=True)
+    assert m.result.status == "converged"
+    f_ref = svr.predict(K)
+    f = K @ m.alpha[:, 0].numpy() + float(m.result.state["intercept"][0])
+    np.testing.assert_allclose(f, f_ref, atol=1e-4 * np.abs(f_ref).max())
+
+
+def test_warm_start_intercept_and_callback_per_round():
+    X, Y = _targets(1)
+    kernel = GaussianKernel(1.2)
+    kw = dict(loss=get_loss("squared"), c=torch.full((X.shape[0],), 2.0, dtype=F64), kernel=kernel,
+              options=SolverOptions(tol=1e-14, max_iter=2000), solver="dbcd_tr", intercept=True)
+    seen = []
+    first = fit_dual(torch.as_tensor(X), torch.as_tensor(Y), callback=lambda info: seen.append(info) and False, **kw)
+    assert len(seen) >= 1 and {"round", "iteration", "alpha", "state", "rel_gap"} <= set(seen[0])
+    assert "intercept" in seen[0]["state"]
+    stopped = fit_dual(torch.as_tensor(X), torch.as_tensor(Y), callback=lambda info: True, **kw)
+    assert stopped.result.status == "callback" and int(stopped.result.state["intercept_rounds"]) == 1
+    # from the solution: converged at once, the same intercept
+    again = fit_dual(torch.as_tensor(X), torch.as_tensor(Y), alpha0=first.alpha,
+                     intercept0=first.result.state["intercept"], **kw)
+    assert int(again.result.state["intercept_rounds"]) == 1
+    np.testing.assert_allclose(again.result.state["intercept"].numpy(), first.result.state["intercept"].numpy(),
+                               atol=1e-10)
+
+
+@pytest.mark.parametrize("arg", ["resume", "checkpoint_path", "validation"])
+def test_search_refuses_the_run_arguments_it_cannot_honour(arg, tmp_path):
+    X, Y = _targets(1, n=30)
+    value = {"resume": {"alpha": torch.zeros(30, 1, dtype=F64), "state": {}}, "checkpoint_path": tmp_path / "ck.pt",
+             "validation": lambda *a: 0.0}[arg]
+    with pytest.raises(ValueError, match=f"{arg} cannot be used with intercept=True"):
+        fit_dual(torch.as_tensor(X), torch.as_tensor(Y), loss=get_loss("squared"), c=torch.ones(30, dtype=F64),
+                 kernel=GaussianKernel(1.0), solver="dbcd_tr", intercept=True, **{arg: value})
+
+
+def test_plan_intercept_must_be_a_bool():
+    with pytest.raises(TypeError, match="intercept must be True or False, got str 'yes'"):
+        make_fit_plan(GaussianKernel(1.0), get_loss("squared"), n=10, intercept="yes")
+    plan = make_fit_plan(GaussianKernel(1.0), get_loss("squared"), n=10, solver="dbcd_tr", intercept=np.bool_(True))
+    assert plan.intercept == "search"
+
+
+def test_intercept_module_imports_neither_estimators_nor_model():
+    """The search is core: it must not reach back into a face (and gets the engine run passed in)."""
+    src = Path(joker_ext.__file__).with_name("intercept.py").read_text()
+    names = {node.module for node in ast.walk(ast.parse(src)) if isinstance(node, ast.ImportFrom) and node.module}
+    assert not names & {"estimators", "model", "plan"}, names
