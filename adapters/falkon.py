@@ -61,6 +61,7 @@ from joker_ext.memory import plan_blocks
 from joker_ext.model import KernelModel
 from joker_ext.plan import RANDOM_FEATURE_MODES, FitPlan, feature_map_for, make_fit_plan
 from joker_ext.validation import (
+    check_bool,
     check_callable,
     check_choice,
     check_device,
@@ -461,7 +462,12 @@ class _FalkonFace(BaseEstimator):
             "per_iter": check_positive_int("epochs_per_iter", self.epochs_per_iter),
             "error_every": check_positive_int("error_every", self.error_every, allow_none=True),
             "error_fn": check_callable("error_fn", self.error_fn),
+            "fit_intercept": check_bool("fit_intercept", self._fit_intercept()),
         }
+
+    def _fit_intercept(self):
+        """``fit_intercept`` as given (False for an object pickled before the parameter existed)."""
+        return getattr(self, "fit_intercept", False)
 
     def _check_X(self, X, dtype: torch.dtype) -> torch.Tensor:
         X = check_features(X, "X", **_FLOAT_ONLY)
@@ -540,8 +546,9 @@ class _FalkonFace(BaseEstimator):
             tol=opt["tol"] if opt.get("tol_given", True) else None, default_tol=opt["tol"],
             second_order_tol=NEWTON_DEFAULT_TOL, block_size=prep["block_size"], max_iter=max(1, iterations or epochs),
             max_time=self.max_time, verbose=opt["verbose"], dtype=prep["dtype"], device=opt["device"],
-            solver=getattr(self, "solver", "auto"), distributed=shards.distributed, chunk_rows=prep["chunk_rows"],
-            backend=opt["backend"], callback_every=callback_every)
+            solver=getattr(self, "solver", "auto"), intercept=check_bool("fit_intercept", self._fit_intercept()),
+            distributed=shards.distributed, chunk_rows=prep["chunk_rows"], backend=opt["backend"],
+            callback_every=callback_every)
         if plan.solver != "dbcd_tr":
             return plan
         nb = math.ceil(n / prep["block_size"])
@@ -570,6 +577,11 @@ class _FalkonFace(BaseEstimator):
             self.alpha_ = model.beta
         res = model.result
         self.result_ = res
+        # the unregularized intercept (fit_intercept=True): fitted by the engine or by joker_ext.intercept's search
+        self.intercept_ = res.state["intercept"].to(device=model.alpha.device, dtype=model.alpha.dtype).clone() \
+            if self._fit_intercept() else None
+        self.n_intercept_rounds_ = int(res.state["intercept_rounds"]) if "intercept_rounds" in res.state else \
+            int(self._fit_intercept())
         self.n_iter_ = res.n_iter
         self.n_epochs_ = res.n_iter / math.ceil(X.shape[0] / prep["block_size"])
         self.status_ = res.status
@@ -583,6 +595,9 @@ class _FalkonFace(BaseEstimator):
         check_n_features(X, self.n_features_in_, "X")
         check_magnitude(X, "X", dtype=self.dtype_)
         out = self.model_.decision(X.to(device=self.device_))
+        b = getattr(self, "intercept_", None)
+        if b is not None:
+            out = out + b.to(device=out.device, dtype=out.dtype)
         return check_predictions(out, name="X", dtype=X.dtype,
                                  hint=f" with C = {self.C_:.3g}: refit with a larger penalty").to(device=X.device)
 
@@ -607,7 +622,10 @@ class _FalkonFace(BaseEstimator):
             model = KernelModel(prep["kernel"], prep["feature_map"], _block(X, prep), info["alpha"],
                                 info["state"].get("beta"), chunk_rows=prep["chunk_rows"],
                                 backend=prep["opt"]["backend"])
-            pred = model.decision(Xe.to(device=prep["opt"]["device"])).to(device=Ye.device, dtype=Ye.dtype)
+            pred = model.decision(Xe.to(device=prep["opt"]["device"]))
+            if "intercept" in info["state"]:  # fit_intercept=True
+                pred = pred + info["state"]["intercept"].to(device=pred.device, dtype=pred.dtype)
+            pred = pred.to(device=Ye.device, dtype=Ye.dtype)
             Ye_all, pred = _gathered(prep["shards"], Ye, pred)  # the error of every rank's rows together
             try:
                 err = self.error_fn(Ye_all, pred)
@@ -647,8 +665,13 @@ def _selector_size(center_selection) -> int:
 
 
 def _train(X, Y, plan: FitPlan, prep: dict, alpha0=None, *, callback=None,
-           resume: Optional[dict] = None) -> KernelModel:
-    """One fit of ``plan`` (``resume`` continues a penalty path)."""
+           resume: Optional[dict] = None, intercept0=None) -> KernelModel:
+    """One fit of ``plan`` (``resume`` continues a penalty path). The intercept search of
+    :mod:`joker_ext.intercept` (``plan.intercept == 'search'``) takes no ``resume``: it starts from ``resume``'s
+    dual point and ``intercept0`` instead."""
+    if plan.intercept == "search":
+        alpha0 = resume["alpha"] if resume is not None else alpha0
+        return plan.fit(X, Y, shards=prep["shards"], alpha0=alpha0, callback=callback, intercept0=intercept0)
     return plan.fit(X, Y, shards=prep["shards"], alpha0=None if resume is not None else alpha0, callback=callback,
                     resume=resume)
 
@@ -697,6 +720,13 @@ class JokerFalkon(_FalkonFace):
         ranks; 'uniform' centres are drawn over all rows (those of one process for the same seed);
         ``error_fn`` sees the predictions of every rank's ``Xts`` together and rank 0 prints; ``weight_fn``
         gets global row indices; ``beta_`` holds the rank's own rows. Not with ``features='exact'``.
+    fit_intercept : bool, default False (keyword only)
+        Add an unregularized bias ``b`` per output: ``f(x) + b`` with ``f`` penalised as above and ``b`` not (for the
+        squared loss on the exact kernel, the solution of ``[[K + n penalty I, 1], [1^T, 0]] [alpha; b] = [y; 0]``).
+        Falkon has no intercept, so the default keeps its model. Engines that fit ``b`` themselves (the exact
+        kernel's 'active_set' and 'working_set') do; around the others (the Newton engine with features,
+        DBCD-TR) runs the intercept search of :mod:`joker_ext.intercept` (``fit_plan_.intercept == 'search'``;
+        ``maxiter`` is then the budget of all its solves). ``intercept_`` holds ``b``.
     solver : str, default 'auto' (keyword only)
         The engine (:mod:`joker_ext.engines`). 'auto' takes the Newton engine with features (Nystrom or
         random, every loss; the kinked ones through a centred smoothing continuation) and the exact-kernel
@@ -813,12 +843,17 @@ class JokerFalkon(_FalkonFace):
     converged_, relative_gap_, C_
     fit_plan_ : joker_ext.plan.FitPlan
         What the fit ran (:func:`joker_ext.plan.make_fit_plan`): kernel, feature map, costs, engine, options.
+    intercept_ : Tensor (T,) or None
+        The fitted intercepts (``fit_intercept=True``), added by ``predict``; None without.
+    n_intercept_rounds_ : int
+        Engine solves of the intercept search (1 when the engine fits the intercept, 0 without one).
     """
 
     def __init__(self, kernel, penalty, M, center_selection="uniform", maxiter=20, seed=None, error_fn=None,
                  error_every=1, weight_fn=None, options=None, *, loss="squared", features="auto", epochs_per_iter=2,
                  block_size=None, tol=None, max_time=None, epsilon=0.1, delta=1.0, quantile=0.5, device=None,
-                 dtype=None, solver="auto", distributed=False):
+                 dtype=None, solver="auto", distributed=False, fit_intercept=False):
+        self.fit_intercept = fit_intercept
         self.solver = solver
         self.distributed = distributed
         self.kernel = kernel
@@ -854,6 +889,15 @@ class JokerFalkon(_FalkonFace):
         if own is None or own.shape != warm_start.shape or not torch.equal(own.to(warm_start.device), warm_start):
             return None
         return {"alpha": alpha0, "state": {"beta": res.state["beta"]}}
+
+    def _own_intercept(self, warm_start, T: int) -> Optional[torch.Tensor]:
+        """The intercept of the fit whose ``beta_`` is ``warm_start`` (None otherwise): the start of the intercept
+        search of a warm-started ``fit_intercept=True`` fit."""
+        own, b = getattr(self, "beta_", None), getattr(self, "intercept_", None)
+        if warm_start is None or own is None or b is None or b.shape != (T,) or own.shape != warm_start.shape \
+                or not torch.equal(own.to(warm_start.device), warm_start):
+            return None
+        return b
 
     def fit(self, X: torch.Tensor, Y: torch.Tensor, Xts: Optional[torch.Tensor] = None,
             Yts: Optional[torch.Tensor] = None, warm_start: Optional[torch.Tensor] = None) -> "JokerFalkon":
@@ -919,7 +963,8 @@ class JokerFalkon(_FalkonFace):
         per_report = 1 if newton else nb * per_iter
         callback = self._reporter(Xf, Yu, Xts, Yts, prep, self.fit_times_[0], per_report) if report else None
         model = _train(Xf, Yf, plan, prep, alpha0, callback=callback,
-                       resume=self._own_primal_start(warm_start, alpha0, newton))
+                       resume=self._own_primal_start(warm_start, alpha0, newton),
+                       intercept0=self._own_intercept(warm_start, T))
         self.solver_ = plan.solver
         self.fit_plan_ = plan
         check_fit_finite("penalty", penalty, model.alpha, model.beta, _evaluated_primal(model))
@@ -985,18 +1030,24 @@ class JokerLogisticFalkon(_FalkonFace):
         features, for every loss; ``solver_`` holds the engine used.
     distributed : bool, default False (keyword only)
         As :class:`JokerFalkon`: rows sharded over the processes of a ``torch.distributed`` group.
+    fit_intercept : bool, default False (keyword only)
+        As :class:`JokerFalkon`: an unregularized bias ``b`` (``intercept_``), on every stage of the path (each
+        stage's search starts from the previous stage's ``b``).
     features, block_size, tol, max_time, device, dtype
         As :class:`JokerFalkon`.
 
     Attributes
     ----------
-    As :class:`JokerFalkon`; ``fit_times_`` / ``val_errors_`` get one entry per stage (as Falkon's);
-    ``result_``, ``n_iter_``, ``status_`` and ``relative_gap_`` describe the last stage.
+    As :class:`JokerFalkon` (``intercept_`` included); ``fit_times_`` / ``val_errors_`` get one entry per stage
+    (as Falkon's); ``result_``, ``n_iter_``, ``status_``, ``relative_gap_`` and ``intercept_`` describe the last
+    stage.
     """
 
     def __init__(self, kernel, penalty_list, iter_list, loss, M, center_selection="uniform", seed=None,
                  error_fn=None, error_every=1, options=None, *, features="auto", epochs_per_iter=1, block_size=None,
-                 tol=None, max_time=None, device=None, dtype=None, solver="auto", distributed=False):
+                 tol=None, max_time=None, device=None, dtype=None, solver="auto", distributed=False,
+                 fit_intercept=False):
+        self.fit_intercept = fit_intercept
         self.solver = solver
         self.distributed = distributed
         self.kernel = kernel
@@ -1085,7 +1136,8 @@ class JokerLogisticFalkon(_FalkonFace):
                 # weights beta, which the feature engine starts from)
                 resume = None if model is None else {"alpha": model.alpha, "state": model.result.state,
                                                      "iteration": 0}
-            model = _train(X, Yfit, plan, prep, None, resume=resume)
+            model = _train(X, Yfit, plan, prep, None, resume=resume,
+                           intercept0=None if model is None else model.result.state.get("intercept"))
             check_fit_finite(f"penalty_list[{k}]", pen, model.alpha, model.beta, _evaluated_primal(model))
             elapsed[0] = time.perf_counter() - t_start
             if self.error_fn is not None and error_every is not None and k % error_every == 0:

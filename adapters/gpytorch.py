@@ -78,6 +78,7 @@ from joker_ext.losses import Loss
 from joker_ext.model import KernelModel
 from joker_ext.plan import RANDOM_FEATURE_MODES, FitPlan, feature_map_for, make_fit_plan
 from joker_ext.validation import (
+    check_bool,
     check_choice,
     check_device,
     check_dtype,
@@ -371,6 +372,12 @@ class JokerGP(torch.nn.Module):
         ``O(n M^2)`` once and ``M^2`` memory: for small M. Exact mode has no predictive variance.
     seed : int
         Seeds the block partition, the block choice and the random features.
+    fit_intercept : bool, default False
+        Add an unregularized constant ``b`` to the latent function: ``m(x) + f(x) + b`` with ``f`` penalised
+        and ``b`` not (the GP with a flat prior on a constant offset; for the Gaussian likelihood on the exact
+        kernel, the solution of ``[[K_o + s2 I, 1], [1^T, 0]] [alpha; b] = [y - m; 0]``). Fitted by the engine
+        when it can, else by the intercept search of :mod:`joker_ext.intercept` (``fit_plan_.intercept``);
+        ``intercept_`` holds ``b``. Not with ``predictive_variance``.
     dtype : torch dtype or 'float32' / 'float64'
     device : str or torch.device, optional
         Device of the fit (default: the device of ``train_x`` when it is a tensor, else the CPU).
@@ -387,6 +394,10 @@ class JokerGP(torch.nn.Module):
         Feature-space weights (buffer; random features only).
     precision_chol_ : Tensor (M, M)
         Cholesky factor of the feature-space posterior precision (buffer; ``predictive_variance=True``).
+    intercept_ : Tensor (1,)
+        The fitted intercept ``b`` (buffer; ``fit_intercept=True``, empty without).
+    n_intercept_rounds_ : int
+        Engine solves of the intercept search (1 when the engine fits the intercept, 0 without one).
     kernel_, feature_map_, loss_ : the translated kernel, feature map and loss
     n_iter_, status_, relative_gap_, history_ : solver report
     fit_plan_ : joker_ext.plan.FitPlan
@@ -407,14 +418,15 @@ class JokerGP(torch.nn.Module):
     features the Dataset is read block by block.
     """
 
-    _FIT_BUFFERS = ("alpha_", "X_train_", "beta_", "precision_chol_", "fit_shape_")
+    _FIT_BUFFERS = ("alpha_", "X_train_", "beta_", "precision_chol_", "fit_shape_", "intercept_")
 
     def __init__(self, covar_module, likelihood, mean_module=None, *, loss=None, C: Optional[float] = None,
                  n_features: Optional[int] = None, features: str = "cossin", block_size: Optional[int] = None,
                  max_iter: Optional[int] = None, tol: Optional[float] = None, max_time: Optional[float] = None,
                  delta: float = 1.0, epsilon: float = 0.1, quantile: float = 0.5, predictive_variance: bool = False,
-                 seed: int = 0, dtype=torch.float64, device=None, verbose: bool = False):
+                 seed: int = 0, dtype=torch.float64, device=None, verbose: bool = False, fit_intercept: bool = False):
         super().__init__()
+        self.fit_intercept = fit_intercept
         self.covar_module = covar_module
         self.likelihood = likelihood
         self.mean_module = mean_module
@@ -571,6 +583,9 @@ class JokerGP(torch.nn.Module):
         if self.predictive_variance and (self.n_features is None or loss.name != "squared"):
             raise ValueError("predictive_variance=True needs random features (n_features) and the squared loss "
                              f"(got n_features={self.n_features!r}, loss={loss.name!r})")
+        if self.predictive_variance and self.fit_intercept:
+            raise ValueError("predictive_variance=True is the posterior of a model without intercept: it cannot be "
+                             "combined with fit_intercept=True, got both")
         dtype = check_dtype(self.dtype)
         device = check_device(self.device)
         X_src, y = self._resolve_data(train_x, train_y)
@@ -626,6 +641,11 @@ class JokerGP(torch.nn.Module):
         self.beta_ = torch.empty(0, dtype=dtype, device=device) if exact else model.beta[:, 0].detach().clone()
         self.fit_shape_ = torch.tensor([n, d], dtype=torch.long, device=device)
         self.precision_chol_ = torch.empty(0, dtype=dtype, device=device)
+        # the unregularized intercept: fitted by the engine or by joker_ext.intercept's search (fit_plan_.intercept)
+        self.intercept_ = res.state["intercept"].reshape(1).to(device=device, dtype=dtype).clone() \
+            if self.fit_intercept else torch.empty(0, dtype=dtype, device=device)
+        self.n_intercept_rounds_ = int(res.state["intercept_rounds"]) if "intercept_rounds" in res.state else \
+            int(bool(self.fit_intercept))
         if self.predictive_variance:
             self.precision_chol_ = self._precision_factor(data, c.to(device=device, dtype=dtype))
         self.n_iter_ = res.n_iter
@@ -653,6 +673,7 @@ class JokerGP(torch.nn.Module):
         check_positive("max_time", self.max_time, allow_none=True)
         check_positive_int("seed", self.seed, low=0)
         check_positive("C", self.C, allow_none=True)
+        check_bool("fit_intercept", self.fit_intercept)
 
     def _random_feature_map(self) -> FeatureMap:
         """The random-feature map of ``kernel_`` for ``n_features``, ``features`` and ``seed``."""
@@ -672,7 +693,7 @@ class JokerGP(torch.nn.Module):
                              n_features=self.n_features, seed=self.seed, random_features=random_feature_map,
                              tol=self.tol, block_size=self.block_size, single_exact_block=True,
                              max_iter=self.max_iter, iteration_budget="blocks", max_time=self.max_time,
-                             verbose=bool(self.verbose), dtype=dtype, device=device)
+                             verbose=bool(self.verbose), dtype=dtype, device=device, intercept=self.fit_intercept)
 
     def _precision_factor(self, data: BlockData, c: torch.Tensor) -> torch.Tensor:
         fm = self.feature_map_
@@ -722,6 +743,10 @@ class JokerGP(torch.nn.Module):
                 self._buffers[name] = torch.empty_like(state_dict[key], device=dev)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
+        key = prefix + "intercept_"
+        if key not in state_dict and key in missing_keys:  # saved before fit_intercept existed: no intercept
+            missing_keys.remove(key)
+            self._buffers["intercept_"] = torch.empty(0, dtype=self.alpha_.dtype, device=self.alpha_.device)
         self.kernel_ = None
         self._model_cache = None
 
@@ -751,6 +776,8 @@ class JokerGP(torch.nn.Module):
         X = self._test_inputs(test_x)
         model = self._model()
         f = model.decision(X)[:, 0]
+        if self.intercept_.numel() > 0:  # fit_intercept=True
+            f = f + self.intercept_.to(device=f.device, dtype=f.dtype)
         if self._mean_eval is not None:
             f = f + self._mean_eval(X).to(device=f.device, dtype=f.dtype)
         f = check_predictions(f, name="test_x", hint=": refit with a smaller C (or larger noise) or in float64")
