@@ -85,18 +85,20 @@ def _check_bandwidth(theirs: Callable, ours, X: np.ndarray, sigma: float) -> flo
     return float((theirs(A, A, sigma) - ours(A, A)).abs().max())
 
 
-def _print_rows(title: str, rows: List[Row]) -> None:
-    """Markdown rows; with a title, the title and the table's header first."""
+def print_rows(title: str, rows: List[Row], metric: str = "test RMSE", digits: int = 3) -> None:
+    """Markdown rows (implementation, fit s, metric, set-up); with a title, the title and the header first.
+    Shared with the other reference-row benchmarks (:mod:`.admm_svm_reference`)."""
     if title:
         print(title)
-        print("| implementation | fit s | test RMSE | set-up |")
+        print(f"| implementation | fit s | {metric} | set-up |")
         print("|---|---:|---:|---|")
-    for row in rows:
-        print("| {} | {:.1f} | {:.3f} | {} |".format(*row), flush=True)
+    for name, seconds, value, setup in rows:
+        print(f"| {name} | {seconds:.1f} | {value:.{digits}f} | {setup} |", flush=True)
 
 
-def _print_gap(rows: List[Row]) -> None:
-    print(f"ours vs the authors': {100 * (rows[0][2] - rows[1][2]) / rows[1][2]:+.2f}% test RMSE")
+def print_gap(ours: Row, theirs: Row, metric: str = "test RMSE", label: str = "ours vs the authors'") -> None:
+    """The relative gap of ``ours`` to ``theirs`` in the metric column."""
+    print(f"{label}: {100 * (ours[2] - theirs[2]) / theirs[2]:+.2f}% {metric}")
 
 
 def _run_ep2(args, X, y, Xt, yt, rmse) -> None:
@@ -112,7 +114,7 @@ def _run_ep2(args, X, y, Xt, yt, rmse) -> None:
                      seed=args.seed, dtype=torch.float32).fit(X, y)
     rows = [("joker_ext.comparisons.solvers.EigenPro2", time.perf_counter() - t0, rmse(ours.predict(Xt)),
              f"s={s}, q={ours.top_q_}, batch={ours.batch_size_}, eta={ours.step_:.3g}")]
-    _print_rows(title, rows)
+    print_rows(title, rows)
 
     KernelModel, = _import_from(args.source, "eigenpro2", ["KernelModel"])
     gaussian, = _import_from(args.source, "eigenpro2.kernels", ["gaussian"])
@@ -131,8 +133,8 @@ def _run_ep2(args, X, y, Xt, yt, rmse) -> None:
         ref_pred = model.forward(torch.as_tensor(Xt, **f32)).numpy()
     setup = [line for line in log.getvalue().splitlines() if line.startswith(("SVD time", "n_subsamples"))]
     rows.append(("EigenPro/EigenPro-pytorch eigenpro2.KernelModel", t_ref, rmse(ref_pred), "; ".join(setup)))
-    _print_rows("", rows[1:])
-    _print_gap(rows)
+    print_rows("", rows[1:])
+    print_gap(rows[0], rows[1])
 
 
 def _run_ep3(args, X, y, Xt, yt, rmse) -> None:
@@ -166,7 +168,7 @@ def _run_ep3(args, X, y, Xt, yt, rmse) -> None:
     rows = [("joker_ext.comparisons.solvers.EigenPro3", time.perf_counter() - t0, rmse(ours.predict(Xt)),
              f"batch={ours.batch_size_}, eta/batch={ours.step_ / ours.batch_size_:.3g}; projection: "
              f"q={proj.q}, batch={ours._proj_m}")]
-    _print_rows(title, rows)
+    print_rows(title, rows)
 
     torch.manual_seed(args.seed)
     log = io.StringIO()
@@ -182,8 +184,8 @@ def _run_ep3(args, X, y, Xt, yt, rmse) -> None:
     setup = [line.strip() for line in log.getvalue().splitlines()
              if line.startswith(("Data: learning rate", "Setup time", "Projection SVD_time", "Projection setup"))]
     rows.append(("EigenPro/EigenPro3 eigenpro3.models.KernelModel", t_ref, rmse(ref_pred), "; ".join(setup)))
-    _print_rows("", rows[1:])
-    _print_gap(rows)
+    print_rows("", rows[1:])
+    print_gap(rows[0], rows[1])
 
 
 def main(argv=None) -> None:
