@@ -78,7 +78,8 @@ def register_solver(name: str, mode: str, engine: Callable, *, overwrite: bool =
 
     ``intercept=True`` declares that the engine takes ``intercept=True`` and then fits an unregularized
     intercept itself (the dual constraint ``sum_i alpha_i = 0``), returned as ``state['intercept']``;
-    other engines get the intercept from the estimators' outer search. ``distributed=True`` declares that
+    around the other engines :func:`joker_ext.model.fit_dual` runs the intercept search of
+    :mod:`joker_ext.intercept`. ``distributed=True`` declares that
     it takes ``shards=`` (:class:`joker_ext.distributed.RowShards`) and then fits on rows spread over
     the processes of a ``torch.distributed`` group."""
     if not isinstance(name, str) or not name or name == "auto":

@@ -429,8 +429,8 @@ _COMMON_PARAMS_DOC = """
         step one warm-started engine solve of the dual with the loss ``l(y, f + b)`` and the augmented
         kernel ``K + rho`` (``rho`` = mean kernel diagonal), typically 5-15 solves. It stops when the
         duality gap of the joint problem (``alpha`` made feasible by shrinking its excess side) is below
-        ``tol``; ``n_iter_`` counts the iterations of all solves, ``n_intercept_rounds_`` the solves. Default False: the model of the Joker paper and of
-        KernelRidge, ``f(x) = sum_i alpha_i k(x_i, x)``.
+        ``tol``; ``n_iter_`` counts the iterations of all solves, ``n_intercept_rounds_`` the solves.
+        Default False: the model of the Joker paper and of KernelRidge, ``f(x) = sum_i alpha_i k(x_i, x)``.
     block_size : int, optional
         Rows per block (default: 2048 for n <= 5e5, 512 above; 1024 for logistic; at most n).
     max_iter : int, optional
