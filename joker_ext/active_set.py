@@ -44,7 +44,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from .engines import Monitor, register_solver, sigint_as_flag
+from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag
 from .free_factor import FreeFactor
 from .losses import Loss
 from .memory import is_out_of_memory
@@ -413,9 +413,11 @@ def active_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: 
                     sigma[t] = next_sigma(sigma[t], out[3], SIGMA_FLOOR * col.scale)
                     alpha[:, t], F[:, t], b_all[t], _, sets[t] = out
 
-            def at_floor(rec: dict) -> bool:  # at the smallest proximal weight the gap is at the rounding floor
-                return all(s <= SIGMA_FLOOR * col.scale for s, col in zip(sigma, columns)) \
-                    and rec["rel_gap"] <= max(opts.tol, 1e3 * torch.finfo(dtype).eps)
+            def at_floor(rec: dict) -> Optional[str]:  # at the smallest proximal weight: the rounding floor
+                if all(s <= SIGMA_FLOOR * col.scale for s, col in zip(sigma, columns)) \
+                        and at_rounding_floor(rec["rel_gap"], opts.tol, dtype):
+                    return "converged"
+                return None
 
             reason, it, rec = outer_loop(mon, opts, loss, Y, F, alpha, b_all, c_col, it, state, sigma, columns,
                                          solve_column, lambda: sig.flag, at_floor)
@@ -428,11 +430,11 @@ def active_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: 
 
 
 def outer_loop(mon: Monitor, opts: SolverOptions, loss: Loss, Y, F, alpha, b, c, it: int, state: dict, sigma,
-               columns, solve_column, interrupted=lambda: False, converged=lambda rec: False):
+               columns, solve_column, interrupted=lambda: False, stop=lambda rec: None):
     """The outer loop shared by the box-QP engines: certify ``(alpha, F = K alpha, b)``; then, until a stop,
     ``solve_column(t, columns[t])`` (which updates ``alpha``, ``F``, ``b`` and ``sigma`` in place) for every
-    column whose relative gap is above ``opts.tol``, and certify again. ``converged(rec)``: an engine's own
-    convergence test after the monitor's. Returns ``(reason, it, rec)``."""
+    column whose relative gap is above ``opts.tol``, and certify again. ``stop(rec)``: an engine's own stopping
+    test after the monitor's (a reason such as 'converged' or 'stalled', else None). Returns ``(reason, it, rec)``."""
     rec = _certify(mon, loss, Y, F, alpha, b, c, it, state, sigma)
     reason = "converged" if rec["rel_gap"] <= opts.tol else None
     while reason is None and it < opts.max_iter:
@@ -442,8 +444,8 @@ def outer_loop(mon: Monitor, opts: SolverOptions, loss: Loss, Y, F, alpha, b, c,
         it += 1
         rec = _certify(mon, loss, Y, F, alpha, b, c, it, state, sigma)
         reason = mon.stop_reason(rec, state, alpha, interrupted())
-        if reason is None and converged(rec):
-            reason = "converged"
+        if reason is None:
+            reason = stop(rec)
     return reason, it, rec
 
 

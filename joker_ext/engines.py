@@ -46,12 +46,12 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from .defaults import BLOCK_EPOCHS
+from .defaults import BLOCK_EPOCHS, ROUNDING_GAP
 from .defaults import default_max_iter as block_iterations
 from .results import SolverResult
 
-__all__ = ["register_solver", "get_solver", "available_solvers", "resolve_solver", "supports_intercept",
-           "supports_distributed", "Monitor",
+__all__ = ["at_rounding_floor", "register_solver", "get_solver", "available_solvers", "resolve_solver",
+           "supports_intercept", "supports_distributed", "Monitor",
            "DEFAULT_EXACT_MEMORY", "default_max_iter"]
 
 #: Memory the full-dual Newton engine may give the ``n x n`` kernel matrix and its factor when the user
@@ -220,6 +220,13 @@ def sigint_as_flag(enabled: bool):
     finally:
         if old is not None:
             signal.signal(signal.SIGINT, old)
+
+
+def at_rounding_floor(rel_gap: float, tol: float, dtype: torch.dtype) -> bool:
+    """Whether an engine that can make no further progress may report 'converged': its relative gap is at most
+    ``tol`` or the rounding floor :data:`~joker_ext.defaults.ROUNDING_GAP` of ``dtype`` (float32's for other
+    dtypes)."""
+    return rel_gap <= max(tol, ROUNDING_GAP.get(dtype, ROUNDING_GAP[torch.float32]))
 
 
 class Monitor:

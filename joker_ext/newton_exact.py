@@ -37,7 +37,7 @@ from typing import Optional
 
 import torch
 
-from .engines import Monitor, register_solver, sigint_as_flag
+from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag
 from .losses import Loss
 from .memory import is_out_of_memory
 from .smoothing import Continuation, needs_smoothing
@@ -272,7 +272,7 @@ def exact_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options
             if not is_out_of_memory(exc):
                 raise
             status = "out_of_memory"
-    if status == "stalled" and rec is not None and rec["rel_gap"] <= max(opts.tol, 1e3 * torch.finfo(dtype).eps):
+    if status == "stalled" and rec is not None and at_rounding_floor(rec["rel_gap"], opts.tol, dtype):
         status = "converged"  # no representable decrease is left: the gap is at the rounding floor
     return mon.result(alpha, state, it, status, rec)
 

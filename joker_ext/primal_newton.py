@@ -70,7 +70,7 @@ from typing import Optional
 import torch
 
 from .distributed import SingleProcess, local_positions
-from .engines import Monitor, register_solver, sigint_as_flag
+from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag
 from .features import NystromFeatureMap, RandomFeatureMap
 from .losses import Loss
 from .memory import is_out_of_memory
@@ -709,8 +709,7 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
                     if smoothing.active and smoothing.update(0.0, 1.0):
                         shift = None if center is None else smoothing.value * center / c_col
                         continue
-                    status = "converged" if float(rel.max()) <= max(opts.tol, 1e3 * torch.finfo(dtype).eps) \
-                        else "stalled"
+                    status = "converged" if at_rounding_floor(float(rel.max()), opts.tol, dtype) else "stalled"
                     break
                 beta = shards.broadcast_(beta + t * D)  # every rank keeps rank 0's weights
         except (RuntimeError, MemoryError) as exc:

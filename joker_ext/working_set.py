@@ -41,6 +41,12 @@ margin) take values that a linear system decides. The engine reads ``K`` through
    ``4 q`` rows (LIBSVM keeps a kernel cache for the same reason). A coordinate that never moves (most
    violators that a subproblem leaves where they are) never has its row computed.
 
+**Stop.** At the relative gap ``tol``, or, when ``tol`` lies below the gap's rounding floor (the estimators'
+default 1e-14 in float64), once every open column solved its last subproblem exactly at the smallest proximal
+weight and the gap, below :data:`~joker_ext.defaults.ROUNDING_GAP`, has not halved for ``STALL_PATIENCE``
+iterations: nothing representable is left to gain (before this rule such fits ran to ``max_iter``, 160 outer
+iterations where 36 reach the floor at n = 4000, C = 10).
+
 Cost per outer iteration: ``|B|^2 d`` for ``K_BB``, ``n |moved| d`` for the moved rows not cached,
 ``n |moved|`` for the update, and a few Cholesky factorisations of the free part of ``K_BB``
 (``|B|^3 / 3``). Memory: the cache and ``K_BB``. Near the solution ``B`` holds every free coordinate and the last violators, and
@@ -55,7 +61,7 @@ import torch
 
 from .active_set import (FREE, SIGMA_FLOOR, SIGMA_START, _Column, box_qp_inputs, next_sigma, outer_loop,
                          supports_active_set)
-from .engines import WORKING_SET_SIZE, Monitor, register_solver, sigint_as_flag
+from .engines import WORKING_SET_SIZE, Monitor, at_rounding_floor, register_solver, sigint_as_flag
 from .losses import Loss
 from .memory import is_out_of_memory, working_set_cache_rows
 from .solver import SolverOptions, SolverResult
@@ -70,6 +76,9 @@ MAX_ESCALATIONS = 6
 MAX_SET_FACTOR = 2
 #: Outer iterations in a row whose working set the cap cut before the cap doubles.
 CAP_PATIENCE = 10
+#: Outer iterations in a row at the rounding floor (exact subproblem solves, a gap that no longer halves) before the
+#: fit stops as converged.
+STALL_PATIENCE = 3
 #: Kernel values computed at a time when the cache fills rows (bounds the temporary block).
 FILL_ELEMENTS = 2**21
 #: Factor by which the smallest proximal weight a column's subproblems may take (raised by a cycle) falls per subproblem.
@@ -224,13 +233,14 @@ def _first_sets(sub: _Column, a, f, b: float, sigma: float):
 
 def _subproblem(col: _Column, K_BB, B, a, f, b: float, sigma: float, floor: float):
     """Proximal active-set rounds on the block ``B`` (``K_BB`` its kernel block); returns the new ``a_B``, the
-    subproblem's intercept and the next proximal weight."""
+    subproblem's intercept, the next proximal weight, the floor, and whether ``a_B`` is the subproblem's exact
+    solution (a round at the smallest weight whose sets held at once)."""
     aB = a[B]
     fB = K_BB @ aB
     sub = _Column(K_BB, K_BB.diagonal().clone(), col.loss, col.y[B], col.c[B], col.intercept,
                   offset=f[B] - fB,
                   total=float(aB.sum()))
-    sets, settled = _first_sets(sub, aB, fB, b, sigma), 0
+    sets, settled, exact = _first_sets(sub, aB, fB, b, sigma), 0, False
     # a set of mostly violators gets one settled round (the next working set brings other violators); a set
     # of mostly free coordinates is the problem restricted to its support vectors: SUB_ROUNDS rounds
     free = int(((aB > col.lo[B]) & (aB < col.hi[B]) & (aB != 0)).sum())
@@ -246,6 +256,7 @@ def _subproblem(col: _Column, K_BB, B, a, f, b: float, sigma: float, floor: floa
             continue
         aB, fB, b, steps, sets = out
         settled += 1
+        exact = steps <= 1 and sigma <= SIGMA_FLOOR * col.scale
         sigma = next_sigma(sigma, steps, floor)
         if steps <= 1 and sigma > SIGMA_FLOOR * col.scale:
             # sets that held at once are likely the subproblem's own: one round at the smallest weight
@@ -253,9 +264,10 @@ def _subproblem(col: _Column, K_BB, B, a, f, b: float, sigma: float, floor: floa
             fin = sub.round(aB, fB, b, aB.clone(), SIGMA_FLOOR * col.scale / sub.c, *sets)
             if fin is not None and fin[3] <= 1:
                 aB, fB, b, _, sets = fin
+                exact = True
         if steps <= 1 or settled == rounds:
             break
-    return aB, b, max(sigma, floor / 10.0), floor  # the next subproblem starts near what settled here
+    return aB, b, max(sigma, floor / 10.0), floor, exact  # the next subproblem starts near what settled here
 
 
 class _KernelRows:
@@ -316,7 +328,8 @@ def _decompose(src: _KernelRows, diagK, loss: Loss, Y, c_col, alpha, F, intercep
         if cuts[t] >= CAP_PATIENCE:
             cap[t], cuts[t] = 2 * cap[t], 0
         K_BB = src.block(B)
-        aB, b_sub[t], sigma[t], floor[t] = _subproblem(col, K_BB, B, a, F[:, t], b_sub[t], sigma[t], floor[t])
+        aB, b_sub[t], sigma[t], floor[t], exact[t] = _subproblem(col, K_BB, B, a, F[:, t], b_sub[t], sigma[t],
+                                                                 floor[t])
         # a weight that cycled here is tried again only after a few more subproblems
         floor[t] = max(SIGMA_FLOOR * scale, floor[t] / FLOOR_DECAY)
         delta = aB - a[B]
@@ -328,7 +341,23 @@ def _decompose(src: _KernelRows, diagK, loss: Loss, Y, c_col, alpha, F, intercep
         if intercept:
             b_all[t] = _best_intercept(bounds[t], b_sub[t])
 
-    return outer_loop(mon, opts, loss, Y, F, alpha, b_all, c_col, it, state, sigma, columns, solve_column, interrupted)
+    exact, stalls, best = [False] * T, [0], [math.inf]
+
+    def at_floor(rec: dict) -> Optional[str]:
+        # every open column solved its last subproblem exactly and the gap, at its rounding floor, stopped
+        # falling (halving) for STALL_PATIENCE iterations: no further progress is representable
+        still_open = [t for t in range(T) if rec["column_rel_gap"][t] > opts.tol]
+        falling = rec["rel_gap"] <= 0.5 * best[0]
+        best[0] = min(best[0], rec["rel_gap"])
+        if falling or not all(exact[t] for t in still_open) \
+                or not at_rounding_floor(rec["rel_gap"], opts.tol, dtype):
+            stalls[0] = 0
+            return None
+        stalls[0] += 1
+        return "converged" if stalls[0] >= STALL_PATIENCE else None
+
+    return outer_loop(mon, opts, loss, Y, F, alpha, b_all, c_col, it, state, sigma, columns, solve_column, interrupted,
+                      at_floor)
 
 
 def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: Optional[SolverOptions] = None,

@@ -302,6 +302,39 @@ def test_working_set_epsilon_insensitive_is_libsvm_svr():
     assert primal(m.alpha[:, 0].numpy(), f) <= primal(a_ref, f_ref) * (1 + 1e-9)
 
 
+def test_working_set_stops_at_the_rounding_floor_of_the_default_tolerance():
+    """At the estimators' default tol (1e-14, below the gap's rounding floor on an ill-conditioned problem) the
+    working set stops as converged once its exact subproblem solves stop lowering the gap, at LIBSVM's optimum,
+    instead of running to max_iter (it did: 100 iterations, status 'max_iter', on this problem)."""
+    from sklearn.svm import SVR
+
+    from joker_ext.defaults import ROUNDING_GAP, precision_tol
+
+    from sklearn.datasets import make_regression as sklearn_regression
+
+    X, y = sklearn_regression(n_samples=800, n_features=8, noise=10.0, random_state=0)
+    X, y = (X - X.mean(0)) / X.std(0), (y - y.mean()) / y.std()
+    gamma, C, eps = 0.05, 10.0, 0.1
+    loss = get_loss("epsilon_insensitive", epsilon=eps)
+    m = fit_dual(torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1), loss=loss,
+                 c=torch.full((len(y),), C, dtype=F64), kernel=GaussianKernel((0.5 / gamma) ** 0.5),
+                 options=SolverOptions(tol=precision_tol(F64), max_iter=100), solver="working_set", intercept=True)
+    assert m.result.status == "converged" and m.result.n_iter < 60
+    assert m.result.rel_gap <= ROUNDING_GAP[F64]
+    svr = SVR(C=C, gamma=gamma, epsilon=eps, tol=1e-10).fit(X, y)
+    K, a_ref, f_ref, f = _libsvm_and_ours(X, (0.5 / gamma) ** 0.5, svr, m)
+
+    def primal(a, f):
+        return 0.5 * a @ K @ a + C * np.maximum(0.0, np.abs(y - f) - eps).sum()
+
+    a = m.alpha[:, 0].numpy()
+    assert primal(a, f) <= primal(a_ref, f_ref)  # LIBSVM at tol 1e-10 stops about 2e-6 short
+    # the duality gap recomputed here (the negative dual, feasible: |a| <= C, sum a = 0) is at the rounding floor
+    assert np.abs(a).max() <= C and abs(a.sum()) <= 1e-10 * np.abs(a).sum()
+    negative_dual = 0.5 * a @ K @ a - a @ y + eps * np.abs(a).sum()
+    assert primal(a, f) + negative_dual <= 1e-10 * primal(a, f)
+
+
 @pytest.mark.parametrize("solver", ["active_set", "working_set"])
 def test_several_targets_equal_separate_fits(solver):
     loss, X, y = _problem("epsilon_insensitive", n=200, seed=2)
