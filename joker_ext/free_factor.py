@@ -34,9 +34,11 @@ UPDATE_RATIO = 8
 #: Largest ``|U| / |F|`` an update may leave (beyond: a fresh factor of ``F`` alone), plus :data:`SLACK`.
 MAX_GROWTH = 1.25
 SLACK = 32
-#: Free sets smaller than this are always factored afresh (a factorisation of a few hundred coordinates
-#: costs about as much as the update's bookkeeping).
-MIN_UPDATE_SIZE = 1024
+#: Free sets smaller than this are always factored afresh (a factorisation of a hundred coordinates costs about as
+#: much as the update's bookkeeping). Measured against 1024 (median of 3 alternating fits, n = 4000): the
+#: epsilon-insensitive working set with its 400-750-coordinate subproblems 0.73x the time at C = 10; hinge,
+#: Huber and squared hinge within 4%.
+MIN_UPDATE_SIZE = 256
 #: Extensions kept as separate block rows before the next step factors afresh.
 MAX_BLOCKS = 16
 #: Largest relative residual ``|v - H_FF x|_max / (|v|_max + |H_FF|_inf |x|_max)`` of an updated solve after one
