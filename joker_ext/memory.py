@@ -99,8 +99,8 @@ NEWTON_ROW_VECTORS = 10
 SKETCH_BUFFERS = 5
 #: n-vectors of the working-set engine (alpha, f, the box, the KKT bounds and the column's temporaries).
 WORKING_SET_ROW_VECTORS = 10
-#: |B| x |B| matrices of a working-set subproblem: ``K_BB``, its copy in the subproblem, the free part's
-#: factor and its update.
+#: |B| x |B| matrices of a working-set subproblem: ``K_BB`` and, at most, three more: the interior-point
+#: method's ``Q = K_BB + diag(h)``, its Newton matrix and factor; or the free part's block, factor and update.
 WORKING_SET_MATRICES = 4
 
 

@@ -22,7 +22,12 @@ margin) take values that a linear system decides. The engine reads ``K`` through
    thousands of coordinates (hinge at n = 10^4: a 3,000-coordinate subproblem took 4.7 s). A free set that
    stays beyond the cap for ``CAP_PATIENCE`` outer iterations is the solution's own: the cap doubles.
 3. **Subproblem** on ``B`` with the others fixed: the same problem on ``K_BB`` with the linear term
-   shifted by ``K_BN alpha_N`` and ``sum alpha_B`` kept; solved by the proximal active-set rounds of
+   shifted by ``K_BN alpha_N`` and ``sum alpha_B`` kept. A set of mostly free coordinates (the problem
+   restricted to its support vectors) is solved exactly by the interior-point method of
+   :mod:`joker_ext.interior_point` (10 to 20 factorisations of ``|B|``, no proximal term) and snapped to its
+   active sets by one active-set round at the smallest weight (measured at n = 4000, C = 10,
+   epsilon-insensitive: 13 outer iterations instead of 36, 1.0 s instead of 3.5 s). Otherwise, or when that
+   fails, the subproblem is solved by the proximal active-set rounds of
    :mod:`joker_ext.active_set` (each round decreases the whole objective, since its proximal term is
    centred at the current point). The first active-set step frees only the ``FIRST_FREE`` worst violators
    of ``B`` (the others keep their bound: freeing every violator factored ``|B|`` coordinates, most of
@@ -61,6 +66,7 @@ import torch
 
 from .active_set import (FREE, SIGMA_FLOOR, SIGMA_START, _Column, box_qp_inputs, next_sigma, outer_loop,
                          supports_active_set)
+from .interior_point import solve_box_qp
 from .engines import WORKING_SET_SIZE, Monitor, at_rounding_floor, register_solver, sigint_as_flag
 from .losses import Loss
 from .memory import is_out_of_memory, working_set_cache_rows
@@ -231,6 +237,22 @@ def _first_sets(sub: _Column, a, f, b: float, sigma: float):
     return code, sgn, value
 
 
+def _interior_point(sub: _Column, K_BB, scale: float):
+    """The subproblem's exact solution ``(a_B, b)`` by :func:`~joker_ext.interior_point.solve_box_qp` (no proximal
+    term), snapped to its active sets by one active-set round at the smallest weight from the interior-point
+    answer's predicted sets; None when either step fails (the caller then takes proximal rounds)."""
+    Q = K_BB.clone()
+    Q.diagonal().add_(sub.h)
+    a, b, _, converged = solve_box_qp(Q, sub.lin, sub.kink, sub.lo, sub.hi, sub.total if sub.intercept else None)
+    del Q
+    if not converged:
+        return None
+    f = K_BB @ a
+    s = SIGMA_FLOOR * scale / sub.c
+    out = sub.round(a, f, b, a.clone(), s, *sub.predict(a, f, b, s, a))
+    return None if out is None else (out[0], out[2])
+
+
 def _subproblem(col: _Column, K_BB, B, a, f, b: float, sigma: float, floor: float):
     """Proximal active-set rounds on the block ``B`` (``K_BB`` its kernel block); returns the new ``a_B``, the
     subproblem's intercept, the next proximal weight, the floor, and whether ``a_B`` is the subproblem's exact
@@ -240,10 +262,15 @@ def _subproblem(col: _Column, K_BB, B, a, f, b: float, sigma: float, floor: floa
     sub = _Column(K_BB, K_BB.diagonal().clone(), col.loss, col.y[B], col.c[B], col.intercept,
                   offset=f[B] - fB,
                   total=float(aB.sum()))
-    sets, settled, exact = _first_sets(sub, aB, fB, b, sigma), 0, False
     # a set of mostly violators gets one settled round (the next working set brings other violators); a set
-    # of mostly free coordinates is the problem restricted to its support vectors: SUB_ROUNDS rounds
+    # of mostly free coordinates is the problem restricted to its support vectors: solved exactly by the
+    # interior-point method, else (when it fails) by SUB_ROUNDS rounds
     free = int(((aB > col.lo[B]) & (aB < col.hi[B]) & (aB != 0)).sum())
+    if 2 * free >= B.numel():
+        exact_solution = _interior_point(sub, K_BB, col.scale)
+        if exact_solution is not None:
+            return exact_solution[0], exact_solution[1], sigma, floor, True
+    sets, settled, exact = _first_sets(sub, aB, fB, b, sigma), 0, False
     rounds = SUB_ROUNDS if 2 * free >= B.numel() else 1
     for _ in range(SUB_ROUNDS + MAX_ESCALATIONS):
         out = sub.round(aB, fB, b, aB.clone(), sigma / sub.c, *(sets or (None, None, None)))

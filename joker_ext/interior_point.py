@@ -1,0 +1,167 @@
+"""A primal-dual interior-point solver for the working set's subproblems: a dense box QP with a kink.
+
+Problem (one target column, ``m`` coordinates, ``Q`` symmetric positive semidefinite)::
+
+    min_a  1/2 a^T Q a - lin^T a + kink sum_i |a_i|     s.t.  lo <= a <= hi   (and sum_i a_i = total)
+
+Each coordinate with ``lo_i < 0 < hi_i`` and a kink is split, ``a_i = u_i - v_i`` with ``0 <= u_i <= hi_i`` and
+``0 <= v_i <= -lo_i`` (then ``|a_i| = u_i + v_i`` at the optimum); every other one is a single variable
+``x_i = a_i - lo_i`` in ``[0, hi_i - lo_i]`` whose kink term is linear (``+kink a_i`` when ``lo_i >= 0``,
+``-kink a_i`` when ``hi_i <= 0``). Coordinates with ``lo_i = hi_i`` are fixed.
+
+Mehrotra's predictor-corrector on the bound-constrained problem (Nocedal and Wright, Numerical Optimization,
+section 16.6): every bound ``s = x - 0`` or ``s = w - x`` has a multiplier ``z`` and the central path asks
+``s z = mu``. The Newton system of the split pair eliminates ``u`` and ``v`` into one equation in ``da``:
+with ``S_u = z_lu / s_lu + z_uu / s_uu`` (and ``S_v``), ``(Q + D) da + deta 1 = r``, ``D = S_u S_v / (S_u + S_v)``
+(a single variable: ``D = S_x``), bordered by ``1^T da = total - 1^T a`` for the intercept. So each iteration
+costs one Cholesky factorisation of an ``m x m`` matrix, used twice (predictor and corrector), and the method
+needs no proximal term: it converges in 10 to 20 iterations whatever the conditioning of ``Q`` (the barrier
+keeps ``Q + D`` definite). Its answer lies strictly inside the box; the caller snaps it to the active sets
+(one primal-dual active-set step).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from .newton_exact import cholesky_shifted
+
+__all__ = ["solve_box_qp"]
+
+#: Iterations before the solver gives up (it then returns its last iterate and ``converged=False``).
+MAX_ITERATIONS = 60
+#: Relative complementarity ``sum s z / max(1, |objective|)`` and dual residual (relative to ``max |lin|``) at
+#: which it stops.
+COMPLEMENTARITY_TOL = 1e-11
+RESIDUAL_TOL = 1e-9
+#: Fraction of the distance to the boundary a step may go.
+TO_BOUNDARY = 0.995
+
+
+def _step_length(pairs) -> float:
+    """Largest ``t <= 1`` keeping every ``x + t dx`` of ``pairs = [(x, dx), ...]`` nonnegative."""
+    t = 1.0
+    for x, dx in pairs:
+        neg = dx < 0
+        if bool(neg.any()):
+            t = min(t, float((-x[neg] / dx[neg]).min()))
+    return t
+
+
+def solve_box_qp(Q: torch.Tensor, lin: torch.Tensor, kink: float, lo: torch.Tensor, hi: torch.Tensor,
+                 total: Optional[float] = None) -> Tuple[torch.Tensor, float, int, bool]:
+    """Solve the box QP of the module docstring.
+
+    Parameters
+    ----------
+    Q : Tensor (m, m)
+    lin, lo, hi : Tensor (m,)
+        ``lo <= hi``, both finite.
+    kink : float
+        ``>= 0``.
+    total : float, optional
+        With it, the constraint ``sum a = total`` (its multiplier is returned as the intercept).
+
+    Returns
+    -------
+    (a, eta, iterations, converged) : the point, the multiplier of ``sum a = total`` (0 without it; it enters
+    the gradient as ``Q a - lin + eta``), the iterations made and whether the tolerances were met.
+    """
+    free = hi > lo
+    a = lo.clone()
+    if not bool(free.any()):
+        return a, 0.0, 0, total is None or abs(float(a.sum()) - total) <= 1e-10 * max(1.0, float(a.abs().sum()))
+    idx = torch.nonzero(free).reshape(-1)
+    fixed = torch.nonzero(~free).reshape(-1)
+    QF = Q.index_select(0, idx).index_select(1, idx)
+    linF = lin[idx] - (Q.index_select(0, idx).index_select(1, fixed) @ lo[fixed] if fixed.numel() else 0.0)
+    loF, hiF = lo[idx], hi[idx]
+    totF = None if total is None else total - float(lo[fixed].sum())
+    aF, eta, it, ok = _mehrotra(QF, linF, float(kink), loF, hiF, totF)
+    a[idx] = aF
+    return a, eta, it, ok
+
+
+def _mehrotra(Q, lin, kink: float, lo, hi, total):
+    m = lin.numel()
+    split = (lo < 0) & (hi > 0) & (kink > 0)
+    # u: the positive part (split) or x = a - lo (single); v: the negative part (split only)
+    Wu = torch.where(split, hi, hi - lo)
+    Wv = torch.where(split, -lo, torch.ones_like(lo))  # a dummy width where there is no v
+    offset = torch.where(split, torch.zeros_like(lo), lo)
+    cost_u = torch.where(split, torch.full_like(lo, kink),
+                         kink * torch.where(lo >= 0, 1.0, torch.where(hi <= 0, -1.0, 0.0)).to(lo.dtype))
+    vmask = split.to(lo.dtype)  # the v parts that exist
+    u, v = 0.5 * Wu, 0.5 * Wv
+    z = [torch.ones_like(lo) for _ in range(4)]  # multipliers of u >= 0, u <= Wu, v >= 0, v <= Wv
+    eta = 0.0
+    one = torch.ones_like(lo)
+    n_bounds = 2 * m + 2 * int(split.sum())
+    scale = max(1.0, float(lin.abs().max()))
+    converged = False
+    for it in range(MAX_ITERATIONS):
+        a = offset + u - vmask * v
+        Qa = Q @ a
+        ga = Qa - lin
+        s = (u, Wu - u, v, Wv - v)
+        comp = float((s[0] * z[0] + s[1] * z[1] + vmask * (s[2] * z[2] + s[3] * z[3])).sum())
+        mu = comp / n_bounds
+        objective = float(0.5 * a @ Qa - lin @ a + (cost_u * u).sum() + kink * (vmask * v).sum())
+        r_u = ga + eta + cost_u - z[0] + z[1]
+        r_v = vmask * (-ga - eta + kink - z[2] + z[3])
+        r_p = 0.0 if total is None else float(a.sum()) - total
+        if comp <= COMPLEMENTARITY_TOL * max(1.0, abs(objective)) and abs(r_p) <= 1e-12 * scale * m \
+                and float(torch.maximum(r_u.abs().max(), r_v.abs().max())) <= RESIDUAL_TOL * scale:
+            converged = True
+            break
+        S_u = z[0] / s[0] + z[1] / s[1]
+        S_v = torch.where(split, z[2] / s[2] + z[3] / s[3], torch.ones_like(lo))
+        D = torch.where(split, S_u * S_v / (S_u + S_v), S_u)
+        if not bool(torch.isfinite(D).all()):
+            break  # a bound reached in floating point: the caller falls back
+        H = Q.clone()
+        H.diagonal().add_(D)
+        try:
+            L = cholesky_shifted(H)
+        except torch.linalg.LinAlgError:
+            break
+        del H
+
+        def direction(target: float, products=None):
+            c = products or (0.0, 0.0, 0.0, 0.0)
+            t_u = -(ga + eta + cost_u) + (target - c[0]) / s[0] - (target - c[1]) / s[1]
+            t_v = -(-ga - eta + kink) + (target - c[2]) / s[2] - (target - c[3]) / s[3]
+            rhs = torch.where(split, (S_v * t_u - S_u * t_v) / (S_u + S_v), t_u)
+            if total is None:
+                da, d_eta = torch.cholesky_solve(rhs.unsqueeze(1), L).squeeze(1), 0.0
+            else:
+                sol = torch.cholesky_solve(torch.stack([rhs, one], 1), L)
+                d_eta = (float(sol[:, 0].sum()) + r_p) / float(sol[:, 1].sum())
+                da = sol[:, 0] - d_eta * sol[:, 1]
+            du = torch.where(split, (S_v * da + t_u + t_v) / (S_u + S_v), da)
+            dv = vmask * (du - da)
+            dz = ((target - c[0]) / s[0] - z[0] - z[0] * du / s[0], (target - c[1]) / s[1] - z[1] + z[1] * du / s[1],
+                  vmask * ((target - c[2]) / s[2] - z[2] - z[2] * dv / s[2]),
+                  vmask * ((target - c[3]) / s[3] - z[3] + z[3] * dv / s[3]))
+            return du, dv, d_eta, dz
+
+        def longest(du, dv, dz) -> float:
+            pairs = [(s[0], du), (s[1], -du), (z[0], dz[0]), (z[1], dz[1])]
+            if bool(split.any()):
+                pairs += [(s[2][split], dv[split]), (s[3][split], -dv[split]), (z[2][split], dz[2][split]),
+                          (z[3][split], dz[3][split])]
+            return _step_length(pairs)
+
+        du, dv, d_eta, dz = direction(0.0)  # predictor (affine scaling)
+        t = longest(du, dv, dz)
+        ds = (du, -du, dv, -dv)
+        comp_aff = sum(float((vmask if k >= 2 else one) @ ((s[k] + t * ds[k]) * (z[k] + t * dz[k]))) for k in range(4))
+        sigma = (comp_aff / comp) ** 3
+        products = tuple(ds[k] * dz[k] for k in range(4))
+        du, dv, d_eta, dz = direction(sigma * mu, products)  # corrector
+        t = min(1.0, TO_BOUNDARY * longest(du, dv, dz))
+        u, v, eta = u + t * du, v + t * dv, eta + t * d_eta
+        z = [z[k] + t * dz[k] for k in range(4)]
+    a = offset + u - vmask * v
+    return a, eta, it, converged

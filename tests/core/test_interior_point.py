@@ -1,0 +1,69 @@
+"""The interior-point box-QP solver of the working set's subproblems against cvxpy."""
+import cvxpy as cp
+import numpy as np
+import pytest
+import torch
+
+from joker_ext.interior_point import solve_box_qp
+from joker_ext.kernels import GaussianKernel
+
+F64 = torch.float64
+
+
+def _problem(m: int, seed: int):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((m, 4))
+    K = GaussianKernel(2.0)(torch.as_tensor(X), torch.as_tensor(X))  # smooth kernel: numerically singular
+    lin = torch.as_tensor(rng.standard_normal(m))
+    return K, lin, rng
+
+
+def _cvxpy(K, lin, kink, lo, hi, total):
+    m = lin.numel()
+    L = np.linalg.cholesky(K.numpy() + 1e-12 * np.eye(m))
+    a = cp.Variable(m)
+    objective = 0.5 * cp.sum_squares(L.T @ a) - lin.numpy() @ a + kink * cp.norm1(a)
+    constraints = [a >= lo.numpy(), a <= hi.numpy()]
+    if total is not None:
+        constraints.append(cp.sum(a) == total)
+    cp.Problem(cp.Minimize(objective), constraints).solve(solver=cp.CLARABEL, tol_gap_abs=1e-12, tol_gap_rel=1e-12,
+                                                          tol_feas=1e-12)
+    return a.value
+
+
+def _objective(K, lin, kink, a):
+    a = torch.as_tensor(a, dtype=F64)
+    return float(0.5 * a @ K @ a - lin @ a + kink * a.abs().sum())
+
+
+@pytest.mark.parametrize("case", ["split_with_total", "one_sided_with_total", "box_without_total", "fixed_and_h"])
+def test_solve_box_qp_reaches_the_cvxpy_optimum(case):
+    K, lin, rng = _problem(120, seed=hash(case) % 1000)
+    m = lin.numel()
+    C = torch.as_tensor(rng.uniform(0.5, 3.0, m))
+    kink, total = 0.0, None
+    if case == "split_with_total":  # epsilon-insensitive: |a| <= C with a kink, sum a = 0
+        lo, hi, kink, total = -C, C, 0.1, 0.0
+    elif case == "one_sided_with_total":  # hinge: a y in [0, C]
+        y = torch.as_tensor(rng.choice([-1.0, 1.0], m))
+        lo, hi, total = torch.minimum(torch.zeros(m, dtype=F64), y * C), torch.maximum(torch.zeros(m, dtype=F64), y * C), 0.0
+    elif case == "box_without_total":  # absolute loss without intercept
+        lo, hi = -C, C
+    else:  # a kink with one-sided and fixed coordinates, a strongly convex part, sum a = 0.3
+        lo, hi, kink, total = -C, C, 0.05, 0.3
+        lo[:10], hi[10:20], lo[20:25] = 0.2, -0.1, 0.0
+        hi[20:25] = 0.0  # fixed at zero
+        K = K + torch.diag(torch.as_tensor(rng.uniform(0.0, 0.5, m)))
+    a, eta, iterations, converged = solve_box_qp(K, lin, kink, lo, hi, total)
+    assert converged and iterations < 40
+    assert bool((a >= lo - 1e-12).all() and (a <= hi + 1e-12).all())
+    if total is not None:
+        assert float(a.sum()) == pytest.approx(total, abs=1e-9)
+    ref = _cvxpy(K, lin, kink, lo, hi, total)
+    p, p_ref = _objective(K, lin, kink, a), _objective(K, lin, kink, ref)
+    assert p <= p_ref + 1e-9 * max(1.0, abs(p_ref))
+    assert p == pytest.approx(p_ref, rel=1e-7, abs=1e-9)
+    if total is not None:  # the multiplier: a coordinate strictly inside its box (and off the kink) has zero gradient
+        g = (K @ a - lin + eta).numpy()
+        inside = ((a > lo + 1e-6) & (a < hi - 1e-6) & (a.abs() > 1e-6)).numpy()
+        np.testing.assert_allclose(g[inside] + kink * np.sign(a.numpy()[inside]), 0.0, atol=1e-6)
