@@ -25,7 +25,7 @@ margin) take values that a linear system decides. The engine reads ``K`` through
    shifted by ``K_BN alpha_N`` and ``sum alpha_B`` kept. A set of mostly free coordinates (the problem
    restricted to its support vectors) is solved exactly by the interior-point method of
    :mod:`joker_ext.interior_point` (10 to 20 factorisations of ``|B|``, no proximal term) and snapped to its
-   active sets by one active-set round at the smallest weight (measured at n = 4000, C = 10,
+   active sets by one active-set round at the smallest weight (float64; measured at n = 4000, C = 10,
    epsilon-insensitive: 13 outer iterations instead of 36, 1.0 s instead of 3.5 s). Otherwise, or when that
    fails, the subproblem is solved by the proximal active-set rounds of
    :mod:`joker_ext.active_set` (each round decreases the whole objective, since its proximal term is
@@ -264,9 +264,9 @@ def _subproblem(col: _Column, K_BB, B, a, f, b: float, sigma: float, floor: floa
                   total=float(aB.sum()))
     # a set of mostly violators gets one settled round (the next working set brings other violators); a set
     # of mostly free coordinates is the problem restricted to its support vectors: solved exactly by the
-    # interior-point method, else (when it fails) by SUB_ROUNDS rounds
+    # interior-point method (float64: its tolerances are float64's), else (when it fails) by SUB_ROUNDS rounds
     free = int(((aB > col.lo[B]) & (aB < col.hi[B]) & (aB != 0)).sum())
-    if 2 * free >= B.numel():
+    if 2 * free >= B.numel() and K_BB.dtype == torch.float64:
         exact_solution = _interior_point(sub, K_BB, col.scale)
         if exact_solution is not None:
             return exact_solution[0], exact_solution[1], sigma, floor, True
