@@ -72,13 +72,14 @@ def solve_box_qp(Q: torch.Tensor, lin: torch.Tensor, kink: float, lo: torch.Tens
     a = lo.clone()
     if not bool(free.any()):
         return a, 0.0, 0, total is None or abs(float(a.sum()) - total) <= 1e-10 * max(1.0, float(a.abs().sum()))
+    if bool(free.all()):  # the usual case: nothing to gather
+        return _mehrotra(Q, lin, float(kink), lo, hi, total)
     idx = torch.nonzero(free).reshape(-1)
     fixed = torch.nonzero(~free).reshape(-1)
-    QF = Q.index_select(0, idx).index_select(1, idx)
-    linF = lin[idx] - (Q.index_select(0, idx).index_select(1, fixed) @ lo[fixed] if fixed.numel() else 0.0)
-    loF, hiF = lo[idx], hi[idx]
+    rows = Q.index_select(0, idx)
+    linF = lin[idx] - rows.index_select(1, fixed) @ lo[fixed]
     totF = None if total is None else total - float(lo[fixed].sum())
-    aF, eta, it, ok = _mehrotra(QF, linF, float(kink), loF, hiF, totF)
+    aF, eta, it, ok = _mehrotra(rows.index_select(1, idx), linF, float(kink), lo[idx], hi[idx], totF)
     a[idx] = aF
     return a, eta, it, ok
 
