@@ -546,7 +546,7 @@ class _FalkonFace(BaseEstimator):
             tol=opt["tol"] if opt.get("tol_given", True) else None, default_tol=opt["tol"],
             second_order_tol=NEWTON_DEFAULT_TOL, block_size=prep["block_size"], max_iter=max(1, iterations or epochs),
             max_time=self.max_time, verbose=opt["verbose"], dtype=prep["dtype"], device=opt["device"],
-            solver=getattr(self, "solver", "auto"), intercept=check_bool("fit_intercept", self._fit_intercept()),
+            solver=getattr(self, "solver", "auto"), intercept=self._fit_intercept(),
             distributed=shards.distributed, chunk_rows=prep["chunk_rows"], backend=opt["backend"],
             callback_every=callback_every)
         if plan.solver != "dbcd_tr":
