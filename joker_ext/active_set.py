@@ -183,11 +183,11 @@ class _Column:
         fixed = self.lo >= self.hi
         return torch.where(fixed, -inf, lower), torch.where(fixed, inf, upper)
 
-    def round(self, a, f, b: float, abar, s, code=None, sgn=None, value=None):
+    def round(self, a, f, b: float, abar, s, code=None, sgn=None, value=None, max_steps: int = MAX_INNER):
         """Solve one proximal round exactly. Returns ``(a, f, b, steps, sets)`` or None when the sets do not
-        settle."""
+        settle within ``max_steps`` active-set steps."""
         seen = []
-        for step in range(1, MAX_INNER + 1):
+        for step in range(1, max_steps + 1):
             if code is None:
                 code, sgn, value = self.predict(a, f, b, s, abar)
             a_new, b = self.solve(code, sgn, value, s, abar)

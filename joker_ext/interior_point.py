@@ -50,7 +50,8 @@ def _step_length(pairs) -> float:
 
 
 def solve_box_qp(Q: torch.Tensor, lin: torch.Tensor, kink: float, lo: torch.Tensor, hi: torch.Tensor,
-                 total: Optional[float] = None) -> Tuple[torch.Tensor, float, int, bool]:
+                 total: Optional[float] = None,
+                 tol: float = COMPLEMENTARITY_TOL) -> Tuple[torch.Tensor, float, int, bool]:
     """Solve the box QP of the module docstring.
 
     Parameters
@@ -62,6 +63,8 @@ def solve_box_qp(Q: torch.Tensor, lin: torch.Tensor, kink: float, lo: torch.Tens
         ``>= 0``.
     total : float, optional
         With it, the constraint ``sum a = total`` (its multiplier is returned as the intercept).
+    tol : float
+        Relative complementarity at which it stops (the dual residual's tolerance is ``max(tol, RESIDUAL_TOL)``).
 
     Returns
     -------
@@ -73,18 +76,18 @@ def solve_box_qp(Q: torch.Tensor, lin: torch.Tensor, kink: float, lo: torch.Tens
     if not bool(free.any()):
         return a, 0.0, 0, total is None or abs(float(a.sum()) - total) <= 1e-10 * max(1.0, float(a.abs().sum()))
     if bool(free.all()):  # the usual case: nothing to gather
-        return _mehrotra(Q, lin, float(kink), lo, hi, total)
+        return _mehrotra(Q, lin, float(kink), lo, hi, total, tol)
     idx = torch.nonzero(free).reshape(-1)
     fixed = torch.nonzero(~free).reshape(-1)
     rows = Q.index_select(0, idx)
     linF = lin[idx] - rows.index_select(1, fixed) @ lo[fixed]
     totF = None if total is None else total - float(lo[fixed].sum())
-    aF, eta, it, ok = _mehrotra(rows.index_select(1, idx), linF, float(kink), lo[idx], hi[idx], totF)
+    aF, eta, it, ok = _mehrotra(rows.index_select(1, idx), linF, float(kink), lo[idx], hi[idx], totF, tol)
     a[idx] = aF
     return a, eta, it, ok
 
 
-def _mehrotra(Q, lin, kink: float, lo, hi, total):
+def _mehrotra(Q, lin, kink: float, lo, hi, total, tol: float):
     m = lin.numel()
     split = (lo < 0) & (hi > 0) & (kink > 0)
     # u: the positive part (split) or x = a - lo (single); v: the negative part (split only)
@@ -112,8 +115,8 @@ def _mehrotra(Q, lin, kink: float, lo, hi, total):
         r_u = ga + eta + cost_u - z[0] + z[1]
         r_v = vmask * (-ga - eta + kink - z[2] + z[3])
         r_p = 0.0 if total is None else float(a.sum()) - total
-        if comp <= COMPLEMENTARITY_TOL * max(1.0, abs(objective)) and abs(r_p) <= 1e-12 * scale * m \
-                and float(torch.maximum(r_u.abs().max(), r_v.abs().max())) <= RESIDUAL_TOL * scale:
+        if comp <= tol * max(1.0, abs(objective)) and abs(r_p) <= 1e-12 * scale * m \
+                and float(torch.maximum(r_u.abs().max(), r_v.abs().max())) <= max(tol, RESIDUAL_TOL) * scale:
             converged = True
             break
         S_u = z[0] / s[0] + z[1] / s[1]
