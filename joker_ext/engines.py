@@ -239,11 +239,15 @@ class Monitor:
         As in :func:`joker_ext.solver.dbcd_tr`.
     dtype : torch.dtype
         Working dtype (for the relative gap's floor).
+    report_dtype : torch.dtype, optional
+        The dtype of the iterates handed to the callback, the validation and snapshots, and returned: the
+        caller's, when an engine works in a wider one (default: as they are).
     """
 
     def __init__(self, options, *, callback=None, validation=None, snapshot=None, snapshot_every=None,
-                 dtype=torch.float64):
+                 dtype=torch.float64, report_dtype: Optional[torch.dtype] = None):
         self.options = options
+        self.report_dtype = report_dtype
         self.callback = callback
         self.validation = validation
         self.snapshot = snapshot
@@ -259,7 +263,7 @@ class Monitor:
                "gap": gap, "rel_gap": gap / scale if math.isfinite(gap) else math.inf}
         rec.update(extra)
         if self.validation is not None:
-            rec["validation"] = float(self.validation(state, alpha))
+            rec["validation"] = float(self.validation(*self._reported(state, alpha)))
         self.history.append(rec)
         return rec
 
@@ -267,12 +271,14 @@ class Monitor:
         """'converged', 'callback', 'max_time' or 'interrupted' when the loop should end, else None."""
         it = rec["iteration"]
         if self.snapshot is not None and self.snapshot_every and it % self.snapshot_every == 0:
-            self.snapshot({"alpha": alpha, "state": state, "radius": None, "iteration": it, "rng_state": None})
+            state_out, alpha_out = self._reported(state, alpha)
+            self.snapshot({"alpha": alpha_out, "state": state_out, "radius": None, "iteration": it, "rng_state": None})
         if rec["rel_gap"] <= self.options.tol:
             return "converged"
         if self.callback is not None:
             info = dict(rec)
-            info.update(alpha=alpha, state=state, radius=None, rng_state=None)
+            state_out, alpha_out = self._reported(state, alpha)
+            info.update(alpha=alpha_out, state=state_out, radius=None, rng_state=None)
             try:
                 if self.callback(info):
                     return "callback"
@@ -289,11 +295,20 @@ class Monitor:
         none, e.g. out of memory before the first certificate)."""
         if rec is None:
             rec = {"primal": math.nan, "dual": math.nan, "gap": math.nan, "rel_gap": math.inf}
+        state, alpha = self._reported(state, alpha)
         T = alpha.shape[1]
         return SolverResult(alpha=alpha, state=state, n_iter=n_iter, status=status, primal=rec["primal"],
                             dual=rec["dual"], gap=rec["gap"], rel_gap=rec["rel_gap"],
                             radius=torch.ones(T, dtype=alpha.dtype, device=alpha.device), history=self.history,
                             rng_state=None)
+
+    def _reported(self, state: dict, alpha: torch.Tensor):
+        """``(state, alpha)`` with their floating tensors in :attr:`report_dtype`."""
+        if self.report_dtype is None or alpha.dtype == self.report_dtype:
+            return state, alpha
+        cast = {k: v.to(self.report_dtype) if torch.is_tensor(v) and v.is_floating_point() else v
+                for k, v in state.items()}
+        return cast, alpha.to(self.report_dtype)
 
     @staticmethod
     def _interrupted(it: int) -> str:

@@ -30,7 +30,7 @@ from typing import Optional, Union
 
 import torch
 
-from .defaults import CHUNK_ROWS, DIRECT_MAX, GRAM_MAX, SEARCH_CANDIDATES, CAUCHY_CANDIDATES
+from .defaults import CHUNK_ROWS, DIRECT_MAX, GRAM_MAX, SEARCH_CANDIDATES, CAUCHY_CANDIDATES, WORKING_SET_DTYPE
 from .engines import DEFAULT_EXACT_MEMORY, WORKING_SET_SIZE
 from .operators import block_model
 
@@ -166,6 +166,7 @@ def estimate_fit_memory(n: int, d: int, T: int = 1, *, n_features: Optional[int]
         if not exact:
             raise ValueError("the working-set engine runs on exact kernels (n_features=None)")
         q = max(2, min(int(working_set_size), n))
+        itemsize = torch.finfo(WORKING_SET_DTYPE).bits // 8  # it computes in that dtype whatever the inputs'
         rows = working_set_cache_rows(n, itemsize, q) if cache_columns is None else max(1, min(int(cache_columns), n))
         B = min(n, 2 * q)
         per_row = n * (WORKING_SET_ROW_VECTORS * T + 1) * itemsize

@@ -70,6 +70,7 @@ import torch
 
 from .active_set import (FREE, MAX_INNER, SIGMA_FLOOR, SIGMA_START, _Column, box_qp_inputs, next_sigma,
                          outer_loop, supports_active_set)
+from .defaults import WORKING_SET_DTYPE
 from .interior_point import solve_box_qp
 from .engines import WORKING_SET_SIZE, Monitor, at_rounding_floor, register_solver, sigint_as_flag
 from .losses import Loss
@@ -443,6 +444,8 @@ def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options:
         Kernel rows kept: by default all ``n`` (``K`` is formed lazily) when ``n^2`` numbers fit half of
         :data:`~joker_ext.engines.DEFAULT_EXACT_MEMORY`, else ``min(n, 4 q)``.
     """
+    report_dtype = Y.dtype
+    Y = Y.to(WORKING_SET_DTYPE)  # its subproblems need it whatever the inputs' dtype; results are returned in theirs
     opts, c_col, alpha = box_qp_inputs("working_set", operator, Y, loss, c, options, alpha0)
     n, T = Y.shape
     dtype, device = Y.dtype, Y.device
@@ -452,7 +455,7 @@ def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options:
     if cache_columns is None:  # all of K when it fits half the default budget of the exact engines, else 4 q rows
         cache_columns = working_set_cache_rows(n, torch.finfo(dtype).bits // 8, q)
     mon = Monitor(opts, callback=callback, validation=validation, snapshot=snapshot, snapshot_every=snapshot_every,
-                  dtype=dtype)
+                  dtype=dtype, report_dtype=report_dtype)
     state = {"f": torch.zeros_like(alpha)}
     if intercept:
         state["intercept"] = torch.zeros(T, dtype=dtype, device=device)

@@ -335,6 +335,37 @@ def test_working_set_stops_at_the_rounding_floor_of_the_default_tolerance():
     assert primal(a, f) + negative_dual <= 1e-10 * primal(a, f)
 
 
+def test_working_set_in_float32_reaches_libsvm_and_reports_float32():
+    """float32 inputs: the working set computes in float64 (in float32 its active sets never settled: 100
+    iterations, gap 0.17, on this problem) and hands float32 iterates to the callback and back; its model is
+    LIBSVM's SVR on the same (float32-rounded) points."""
+    from sklearn.svm import SVR
+
+    from sklearn.datasets import make_regression as sklearn_regression
+
+    X, y = sklearn_regression(n_samples=800, n_features=8, noise=10.0, random_state=0)
+    X, y = (X - X.mean(0)) / X.std(0), (y - y.mean()) / y.std()
+    X32, y32 = torch.as_tensor(X, dtype=torch.float32), torch.as_tensor(y, dtype=torch.float32)
+    gamma, C, eps = 0.05, 10.0, 0.1
+    seen = []
+    m = fit_dual(X32, y32.reshape(-1, 1), loss=get_loss("epsilon_insensitive", epsilon=eps),
+                 c=torch.full((len(y),), C, dtype=torch.float32), kernel=GaussianKernel((0.5 / gamma) ** 0.5),
+                 options=SolverOptions(tol=1e-7, max_iter=100), solver="working_set", intercept=True,
+                 dtype=torch.float32, callback=lambda info: seen.append((info["alpha"].dtype, info["state"]["intercept"].dtype)))
+    assert m.result.status == "converged" and m.result.rel_gap <= 1e-7
+    assert m.alpha.dtype == torch.float32 and m.result.state["intercept"].dtype == torch.float32
+    assert seen and set(seen) == {(torch.float32, torch.float32)}
+    Xr, yr = X32.double().numpy(), y32.double().numpy()
+    svr = SVR(C=C, gamma=gamma, epsilon=eps, tol=1e-10).fit(Xr, yr)
+    K, a_ref, f_ref, f = _libsvm_and_ours(Xr, (0.5 / gamma) ** 0.5, svr, m)
+
+    def primal(a, f):
+        return 0.5 * a @ K @ a + C * np.maximum(0.0, np.abs(yr - f) - eps).sum()
+
+    # float32 alpha: its rounding (1e-7 relative) moves the objective by about that much
+    assert primal(m.alpha[:, 0].double().numpy(), f) <= primal(a_ref, f_ref) * (1 + 1e-6)
+
+
 @pytest.mark.parametrize("solver", ["active_set", "working_set"])
 def test_several_targets_equal_separate_fits(solver):
     loss, X, y = _problem("epsilon_insensitive", n=200, seed=2)
