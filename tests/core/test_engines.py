@@ -87,6 +87,29 @@ def test_feature_newton_logistic_matches_scikit_learn_logistic_regression():
     np.testing.assert_allclose(m.beta[:, 0].numpy(), sk.coef_[0], rtol=1e-4, atol=1e-6)  # lbfgs stops near 1e-7
 
 
+def test_exact_newton_logistic_is_scikit_learn_logistic_regression_from_the_middle_of_the_box():
+    """Exact kernel, logistic loss ('auto' takes the dual Newton engine): the model of scikit-learn's
+    LogisticRegression on features ``L`` with ``L L^T = K``. Its default start is the dual point of ``f = 0``
+    (``c y / 2``); from ``a = 0``, at the end of the entropy's domain, it took 19-20 iterations (C = 1 to 100)."""
+    from sklearn.linear_model import LogisticRegression
+
+    from sklearn.datasets import make_classification
+
+    X, y = make_classification(n_samples=1000, n_features=8, flip_y=0.05, random_state=0)
+    X = (X - X.mean(0)) / X.std(0)
+    C, kernel = 10.0, GaussianKernel(3.0)
+    m = fit_dual(torch.as_tensor(X), torch.as_tensor(2.0 * y - 1.0).reshape(-1, 1), loss=get_loss("logistic"),
+                 c=torch.full((len(y),), C, dtype=F64), kernel=kernel, options=SolverOptions(tol=1e-14, max_iter=50),
+                 solver="auto")
+    assert m.extra["solver"] == "newton" and m.result.status == "converged" and m.result.n_iter <= 15
+    K = kernel(torch.as_tensor(X), torch.as_tensor(X))
+    L = torch.linalg.cholesky(K + 1e-10 * torch.eye(len(y), dtype=F64)).numpy()
+    sk = LogisticRegression(C=C, fit_intercept=False, tol=1e-12, max_iter=10000).fit(L, y)
+    f_sklearn = L @ sk.coef_[0]
+    f = (K @ m.alpha).numpy()[:, 0]
+    np.testing.assert_allclose(f, f_sklearn, atol=1e-4 * np.abs(f_sklearn).max())
+
+
 @pytest.mark.parametrize("compute_dtype", [None, torch.float32])
 def test_feature_newton_squared_is_ridge_in_one_conjugate_gradient_run(compute_dtype):
     """A quadratic primal: one Newton step whose CG stops at the duality gap (``k`` products plus the two
