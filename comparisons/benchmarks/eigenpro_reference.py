@@ -26,6 +26,14 @@ set-up, and the gap between them.
 evaluates the training and validation error after every epoch; that time is inside their measured fit time
 (it is ~2 x 5000 x n kernel entries per epoch against n^2 for the epoch itself).
 
+``--eigensolver lapack`` (ep2): their run with ``torch.lobpcg`` replaced, for its duration, by the top eigenpairs
+from LAPACK (``torch.linalg.eigh`` in float64, returned in lobpcg's order and dtype). Their set-up asks lobpcg
+for a third of the subsample's eigenpairs, where it stalls on one CPU thread (20,000 rows: 46 of 666 pairs
+after 36 iterations and 247 s, about two hours to its iteration cap); their own source keeps the LAPACK call
+(``linalg.eigh`` of the top q) as a commented-out alternative. Nothing else of their code changes. ``--our-batch`` (ep2) hands our batch size to their ``fit(bs=...)``
+(their own rule then sets the step from it): ours bounds the critical batch by the preconditioned kernel's top
+eigenvalue measured outside the subsample, theirs by the subsample's alone.
+
 ``--implementation ep3``: least squares over ``f = K(., Z) alpha`` with the same ``--M`` centres Z (drawn once
 from the training rows with ``--seed``, handed to both), the same data preconditioner (s = ``--n-nystrom``
 rows, level q = ``--top-q``; ours draws the subsample and theirs is handed the same rows), their automatic
@@ -44,6 +52,7 @@ import io
 import sys
 import time
 import types
+import unittest.mock
 from typing import Callable, List, Tuple
 
 import numpy as np
@@ -117,6 +126,8 @@ def _run_ep2(args, X, y, Xt, yt, rmse) -> None:
     print_rows(title, rows)
 
     KernelModel, = _import_from(args.source, "eigenpro2", ["KernelModel"])
+    eigensolver = contextlib.nullcontext() if args.eigensolver == "lobpcg" else \
+        unittest.mock.patch.object(torch, "lobpcg", _lapack_top_eigenpairs)
     gaussian, = _import_from(args.source, "eigenpro2.kernels", ["gaussian"])
     torch.manual_seed(args.seed)
     f32 = dict(dtype=torch.float32)
@@ -124,17 +135,27 @@ def _run_ep2(args, X, y, Xt, yt, rmse) -> None:
     model = KernelModel(lambda a, b: gaussian(a, b, args.sigma), Xtr, 1, device="cpu")
     log = io.StringIO()
     t0 = time.perf_counter()
-    with contextlib.redirect_stdout(log):
+    with contextlib.redirect_stdout(log), eigensolver:
         # mem_gb only bounds their batch size by device memory: large enough not to bind on a CPU
         model.fit(Xtr, torch.as_tensor(y, **f32).reshape(-1, 1), x_val=torch.as_tensor(Xt, **f32),
-                  y_val=torch.as_tensor(yt, **f32).reshape(-1, 1), epochs=args.epochs, mem_gb=64, n_subsamples=s)
+                  y_val=torch.as_tensor(yt, **f32).reshape(-1, 1), epochs=args.epochs, mem_gb=64, n_subsamples=s,
+                  bs=ours.batch_size_ if args.our_batch else None)
     t_ref = time.perf_counter() - t0
     with torch.no_grad():
         ref_pred = model.forward(torch.as_tensor(Xt, **f32)).numpy()
     setup = [line for line in log.getvalue().splitlines() if line.startswith(("SVD time", "n_subsamples"))]
-    rows.append(("EigenPro/EigenPro-pytorch eigenpro2.KernelModel", t_ref, rmse(ref_pred), "; ".join(setup)))
+    name = "EigenPro/EigenPro-pytorch eigenpro2.KernelModel" + (
+        ", LAPACK eigenpairs" if args.eigensolver == "lapack" else "") + (", our batch" if args.our_batch else "")
+    rows.append((name, t_ref, rmse(ref_pred), "; ".join(setup)))
     print_rows("", rows[1:])
     print_gap(rows[0], rows[1])
+
+
+def _lapack_top_eigenpairs(A: torch.Tensor, k: int, *args, **kwargs):
+    """``torch.lobpcg(A, k)``'s answer for a symmetric ``A``, the ``k`` largest eigenpairs in descending order, from
+    LAPACK (float64, returned in ``A``'s dtype)."""
+    values, vectors = torch.linalg.eigh(A.double())
+    return values[-k:].flip(0).to(A.dtype), vectors[:, -k:].flip(1).to(A.dtype)
 
 
 def _run_ep3(args, X, y, Xt, yt, rmse) -> None:
@@ -173,7 +194,7 @@ def _run_ep3(args, X, y, Xt, yt, rmse) -> None:
     torch.manual_seed(args.seed)
     log = io.StringIO()
     t0 = time.perf_counter()
-    with contextlib.redirect_stdout(log):
+    with contextlib.redirect_stdout(log), eigensolver:
         model = KernelModel(1, Z, lambda a, b: gaussian(a, b, args.sigma), X=Xtr,
                             y=torch.as_tensor(y, **f32).reshape(-1, 1), devices=[torch.device("cpu")],
                             nystrom_samples=Xtr[ours.nystrom_indices_], data_preconditioner_level=args.top_q)
@@ -202,6 +223,10 @@ def main(argv=None) -> None:
                     help="subsample size s: default the authors' (ep2: min(n, 2000); ep3: min(n, 5000))")
     ap.add_argument("--top-q", type=int, default=500, help="ep3: data preconditioner level q (theirs: 500)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--eigensolver", choices=("lobpcg", "lapack"), default="lobpcg",
+                    help="ep2: their torch.lobpcg as written, or LAPACK's top eigenpairs in its place")
+    ap.add_argument("--our-batch", action="store_true",
+                    help="ep2: hand ours' batch size to their fit (bs=; their step rule then sets eta from it)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
 
