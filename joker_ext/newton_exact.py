@@ -25,6 +25,21 @@ One iteration (Bertsekas' projected Newton method, 1982, with the kink handled o
 4. a projected Armijo search on ``alpha(t) = P(alpha + t d)``, the decrease measured exactly from ``K s``
    and :meth:`~joker_ext.losses.Loss.conj_diff`.
 
+**Smooth losses whose conjugate is not quadratic (logistic)** take Newton steps on the primal instead,
+``P(w) = 1/2 w^T K w + sum_i c_i l(y_i, (K w)_i)`` over the representer coefficients ``w`` (iteratively
+reweighted least squares; Rasmussen and Williams, Gaussian Processes for Machine Learning, Algorithm 3.1):
+with ``a = a(f)`` and ``W = diag(c l''(f))`` from :meth:`~joker_ext.losses.Loss.smoothed_dual` at ``f = K w``,
+``b = W f + a`` and ``B = I + W^(1/2) K W^(1/2)`` (eigenvalues >= 1, so one Cholesky is always stable),
+
+    w_new = b - W^(1/2) B^{-1} W^(1/2) K b,
+
+then an Armijo search on ``P`` along ``w_new - w`` (every trial O(n), ``K w`` being linear). The certificate is
+the gap at the dual point ``a(K w)``, which is feasible and tends to ``w``. On the dual, whose entropy-like
+conjugate has an infinite gradient at the box's ends, projected Newton steps crawl while the coordinates of
+well-classified points approach zero (12-20 iterations where this takes 6-8; logistic, n = 4000, C = 10,
+one thread: 20.3 s for the dual from ``a = 0``, 12.5 s from the middle of its box, 6.2 s here; n = 10,000:
+234 s, 156 s, 93 s, each iteration one Cholesky factorisation of ``n x n``).
+
 The squared loss (no box) converges in one iteration: one Cholesky of ``K + diag(1/c)``, like kernel ridge
 regression. Box-constrained duals (SVMs) converge in a few tens of iterations, each factoring only the free
 block; logistic regression converges quadratically near the optimum. Memory: ``K`` and one factor of the
@@ -98,12 +113,18 @@ def newton_direction(K, diagK, grad, hess, a, lo, hi, eps0: float, *, residual: 
 class _Column:
     """One target column: its iterate, ``f = K alpha``, and its smoothing."""
 
-    def __init__(self, K, diagK, loss: Loss, a, f, y, c, lo, hi, smoothing: float, eps0: float):
+    def __init__(self, K, diagK, loss: Loss, a, f, y, c, lo, hi, smoothing: float, eps0: float, warm: bool = False):
         self.K, self.diagK, self.loss = K, diagK, loss
         self.a, self.f, self.y, self.c, self.lo, self.hi = a, f, y, c, lo, hi
         self.smoothing = Continuation(smoothing)
         self.eps0 = eps0
         self.stalled = False
+        # smooth losses whose conjugate is not quadratic (logistic): Newton on the primal, from w = a when ``a`` is
+        # a warm start, else from w = 0 (f = 0, whose dual point the default start ``a`` is)
+        self.primal = not loss.quadratic and not smoothing
+        self.w, self.fw = None, None
+        if self.primal:
+            self.w, self.fw = (a.clone(), f.clone()) if warm else (torch.zeros_like(a), torch.zeros_like(f))
 
     def change(self, s: torch.Tensor, Ks: torch.Tensor) -> float:
         """``D_s(a + s) - D_s(a)`` computed from differences (no cancellation of large terms)."""
@@ -160,9 +181,44 @@ class _Column:
         new = torch.minimum(torch.maximum(new, self.lo), self.hi)
         return self.try_step(new - a)
 
+    def primal_step(self) -> bool:
+        """One damped Newton step on the primal over ``w`` (see the module docstring), then the dual point
+        ``a(K w)`` and ``K a`` for the certificate; False when no decrease of ``P`` could be found."""
+        w, fw, K = self.w, self.fw, self.K
+        a, W = self.loss.smoothed_dual(fw, self.y, self.c)
+        b = W * fw + a
+        root = W.sqrt()
+        B = K * root.unsqueeze(1)
+        B.mul_(root.unsqueeze(0)).diagonal().add_(1.0)
+        L = cholesky_shifted(B)
+        del B
+        w_new = b - root * cholesky_solve((root * (K @ b)).unsqueeze(1), L).squeeze(1)
+        del L
+        d, fd = w_new - w, K @ w_new - fw
+        slope = float(fd @ (w - a))  # d^T grad P(w), grad P(w) = K (w - a)
+        if not slope < 0:
+            return False
+        wf, df, dd = float(w @ fw), float(d @ fw), float(d @ fd)
+
+        def value(t: float) -> float:
+            return 0.5 * (wf + 2 * t * df + t * t * dd) + float((self.c * self.loss.value(self.y, fw + t * fd)).sum())
+
+        p0, t = value(0.0), 1.0
+        for _ in range(MAX_HALVINGS):
+            if p0 - value(t) >= -ARMIJO * t * slope:
+                self.w, self.fw = w + t * d, fw + t * fd
+                self.a = self.loss.smoothed_dual(self.fw, self.y, self.c)[0]
+                self.f = K @ self.a
+                return True
+            t *= 0.5
+        return False
+
     def step(self) -> bool:
-        """One iteration: the active-set step where it applies and decreases ``D_s``, else a projected
-        Newton step; False when no decrease could be found."""
+        """One iteration: the primal Newton step for smooth non-quadratic conjugates; else the active-set step
+        where it applies and decreases ``D_s``, else a projected Newton step; False when no decrease could be
+        found."""
+        if self.primal:
+            return self.primal_step()
         if self.loss.quadratic and self.active_set_step():
             return True
         a, sm = self.a, self.smoothing.value
@@ -227,9 +283,9 @@ def exact_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options
     elif loss.quadratic:
         alpha = torch.zeros(n, T, dtype=dtype, device=device)
     else:
-        # the dual point of the primal f = 0 (logistic: c y / 2, the middle of the box; a = 0 lies at the end of the
-        # box, where the entropy's gradient is infinite and the projected Newton steps crawl off it: n = 3000,
-        # C = 10, 19 iterations from zero, 12 from here)
+        # the dual point of the primal f = 0, where the primal Newton steps of smooth losses start (logistic: c y / 2,
+        # the middle of the box; on the dual, a = 0 lies at the end of the box, where the entropy's gradient is
+        # infinite and projected Newton steps crawl off it: n = 3000, C = 10, 19 iterations from zero, 12 from here)
         alpha = loss.smoothed_dual(torch.zeros(n, T, dtype=dtype, device=device), Y, c_col)[0]
     alpha = torch.minimum(torch.maximum(alpha, lo_all), hi_all)
     mon = Monitor(opts, callback=callback, validation=validation, snapshot=snapshot, snapshot_every=snapshot_every,
@@ -260,7 +316,7 @@ def exact_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options
             F = K @ alpha
             s0 = float(c_col.mean()) * float(diagK.mean()) if needs_smoothing(loss, Y, c_col) else 0.0
             columns = [_Column(K, diagK, loss.column(t), alpha[:, t].clone(), F[:, t].clone(), Y[:, t], c_col[:, 0],
-                               lo_all[:, t], hi_all[:, t], s0, eps0) for t in range(T)]
+                               lo_all[:, t], hi_all[:, t], s0, eps0, warm=alpha0 is not None) for t in range(T)]
             rec = certify(it)
             reason = "converged" if rec["rel_gap"] <= opts.tol else None
             while reason is None and it < opts.max_iter:
