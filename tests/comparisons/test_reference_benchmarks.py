@@ -74,3 +74,20 @@ def test_their_bias_drops_the_kernel():
     assert abs(their_bias(svm, 1.0) - np.mean([-1.0 + 0.5, 1.0 - 0.25])) < 1e-12
     none_free = types.SimpleNamespace(dual_coef_=torch.tensor([0.0, 1.0]), y_signs_=torch.tensor([1.0, -1.0]))
     assert their_bias(none_free, 1.0) == 0.0
+
+
+def test_lapack_top_eigenpairs_answer_as_lobpcg_does():
+    """``--eigensolver lapack`` stands in for ``torch.lobpcg(A, k)`` in the authors' EigenPro 2 set-up: the k largest
+    eigenpairs, largest first, in A's dtype, as numpy's eigh and lobpcg itself give them."""
+    from joker_ext.comparisons.benchmarks.eigenpro_reference import _lapack_top_eigenpairs
+
+    rng = np.random.default_rng(0)
+    G = rng.standard_normal((60, 60))
+    A = torch.as_tensor(G @ G.T / 60 + np.diag(np.linspace(0.0, 3.0, 60)), dtype=torch.float32)
+    values, vectors = _lapack_top_eigenpairs(A, 5)
+    assert values.dtype == vectors.dtype == torch.float32 and vectors.shape == (60, 5)
+    expected = np.linalg.eigvalsh(A.double().numpy())[::-1][:5]
+    np.testing.assert_allclose(values.numpy(), expected, rtol=1e-5)
+    np.testing.assert_allclose((A @ vectors).numpy(), (vectors * values).numpy(), atol=1e-4)
+    lobpcg_values, _ = torch.lobpcg(A.double(), k=5, niter=500, tol=1e-10)
+    np.testing.assert_allclose(values.numpy(), lobpcg_values.numpy(), rtol=1e-4)
