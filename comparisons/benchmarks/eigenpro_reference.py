@@ -210,6 +210,20 @@ def _run_ep3(args, X, y, Xt, yt, rmse) -> None:
     print_gap(rows[0], rows[1])
 
 
+def flights_split(n_train: int, n_test: int, seed: int):
+    """The harness's flights split (targets z-scored) and ``rmse(pred)``: the test RMSE in minutes of predictions on
+    the z-scored scale."""
+    from joker_ext.comparisons.datasets import load
+
+    ds = load("flights", "regression", n_train=n_train, n_test=n_test, seed=seed, standardize_y=True)
+    std = float(ds.info["y_std"])
+
+    def rmse(pred) -> float:
+        return std * float(np.sqrt(np.mean((np.asarray(pred, dtype=np.float64).reshape(-1) - ds.y_test) ** 2)))
+
+    return ds, rmse
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--implementation", choices=("ep2", "ep3"), default="ep2",
@@ -230,18 +244,9 @@ def main(argv=None) -> None:
                     help="ep2: hand ours' batch size to their fit (bs=; their step rule then sets eta from it)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-
-    from joker_ext.comparisons.datasets import load
-
-    ds = load("flights", "regression", n_train=args.n_train, n_test=args.n_test, seed=args.seed, standardize_y=True)
-    std = float(ds.info["y_std"])
-    yt = ds.y_test
-
-    def rmse(pred) -> float:
-        return std * float(np.sqrt(np.mean((np.asarray(pred, dtype=np.float64).reshape(-1) - yt) ** 2)))
-
+    ds, rmse = flights_split(args.n_train, args.n_test, args.seed)
     run = _run_ep2 if args.implementation == "ep2" else _run_ep3
-    run(args, ds.X_train, ds.y_train, ds.X_test, yt, rmse)
+    run(args, ds.X_train, ds.y_train, ds.X_test, ds.y_test, rmse)
 
 
 if __name__ == "__main__":
