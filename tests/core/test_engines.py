@@ -374,7 +374,8 @@ def test_working_set_in_float32_reaches_libsvm_and_reports_float32():
     m = fit_dual(X32, y32.reshape(-1, 1), loss=get_loss("epsilon_insensitive", epsilon=eps),
                  c=torch.full((len(y),), C, dtype=torch.float32), kernel=GaussianKernel((0.5 / gamma) ** 0.5),
                  options=SolverOptions(tol=1e-7, max_iter=100), solver="working_set", intercept=True,
-                 dtype=torch.float32, callback=lambda info: seen.append((info["alpha"].dtype, info["state"]["intercept"].dtype)))
+                 dtype=torch.float32,
+                 callback=lambda info: seen.append((info["alpha"].dtype, info["state"]["intercept"].dtype)))
     assert m.result.status == "converged" and m.result.rel_gap <= 1e-7
     assert m.alpha.dtype == torch.float32 and m.result.state["intercept"].dtype == torch.float32
     assert seen and set(seen) == {(torch.float32, torch.float32)}
