@@ -87,85 +87,124 @@ def solve_box_qp(Q: torch.Tensor, lin: torch.Tensor, kink: float, lo: torch.Tens
     return a, eta, it, ok
 
 
+class _Variables:
+    """The box QP's coordinates as bounded variables (module docstring): ``u`` in ``[0, Wu]`` for every coordinate,
+    ``v`` in ``[0, Wv]`` for the split ones (``vmask``; elsewhere ``v`` is a dummy of width 1), ``a = offset + u -
+    vmask v``; the kink costs ``cost_u u + kink vmask v``. Bound ``k`` (``u >= 0``, ``u <= Wu``, ``v >= 0``,
+    ``v <= Wv``) has the slack ``slacks(u, v)[k]`` and the multiplier ``z[k]``."""
+
+    def __init__(self, lo: torch.Tensor, hi: torch.Tensor, kink: float):
+        self.kink = kink
+        self.split = (lo < 0) & (hi > 0) & (kink > 0)
+        split = self.split
+        self.Wu = torch.where(split, hi, hi - lo)
+        self.Wv = torch.where(split, -lo, torch.ones_like(lo))  # a dummy width where there is no v
+        self.offset = torch.where(split, torch.zeros_like(lo), lo)
+        self.cost_u = torch.where(split, torch.full_like(lo, kink),
+                                  kink * torch.where(lo >= 0, 1.0, torch.where(hi <= 0, -1.0, 0.0)).to(lo.dtype))
+        self.vmask = split.to(lo.dtype)  # the v parts that exist
+        self.weights = (torch.ones_like(lo), torch.ones_like(lo), self.vmask, self.vmask)
+        self.n_bounds = 2 * lo.numel() + 2 * int(split.sum())
+
+    def point(self, u, v):
+        return self.offset + u - self.vmask * v
+
+    def slacks(self, u, v):
+        return u, self.Wu - u, v, self.Wv - v
+
+    def complementarity(self, s, z) -> float:
+        """``sum s z`` over the bounds that exist."""
+        return float((s[0] * z[0] + s[1] * z[1] + self.vmask * (s[2] * z[2] + s[3] * z[3])).sum())
+
+    def curvatures(self, s, z):
+        """``(S_u, S_v, D)``: the barrier's curvature in ``u`` and ``v`` and, with the pair eliminated, in ``a``."""
+        S_u = z[0] / s[0] + z[1] / s[1]
+        S_v = torch.where(self.split, z[2] / s[2] + z[3] / s[3], torch.ones_like(S_u))
+        return S_u, S_v, torch.where(self.split, S_u * S_v / (S_u + S_v), S_u)
+
+    def longest_step(self, s, z, du, dv, dz) -> float:
+        """Largest ``t <= 1`` keeping every slack and multiplier nonnegative along ``(du, dv, dz)``."""
+        pairs = [(s[0], du), (s[1], -du), (z[0], dz[0]), (z[1], dz[1])]
+        split = self.split
+        if bool(split.any()):
+            pairs += [(s[2][split], dv[split]), (s[3][split], -dv[split]), (z[2][split], dz[2][split]),
+                      (z[3][split], dz[3][split])]
+        return _step_length(pairs)
+
+
+def _direction(var: _Variables, L, ga, eta: float, s, z, curv, r_p: float, total, target: float, products=None):
+    """The Newton direction ``(du, dv, d_eta, dz)`` of the perturbed KKT system ``s z = target`` (minus the
+    predictor's ``products`` ``ds dz`` in the corrector), through the factor ``L`` of ``Q + D``, bordered by
+    ``1^T da = total - 1^T a`` when there is an intercept."""
+    S_u, S_v, _ = curv
+    c = products or (0.0, 0.0, 0.0, 0.0)
+    t_u = -(ga + eta + var.cost_u) + (target - c[0]) / s[0] - (target - c[1]) / s[1]
+    t_v = -(-ga - eta + var.kink) + (target - c[2]) / s[2] - (target - c[3]) / s[3]
+    rhs = torch.where(var.split, (S_v * t_u - S_u * t_v) / (S_u + S_v), t_u)
+    if total is None:
+        da, d_eta = torch.cholesky_solve(rhs.unsqueeze(1), L).squeeze(1), 0.0
+    else:
+        sol = torch.cholesky_solve(torch.stack([rhs, torch.ones_like(rhs)], 1), L)
+        d_eta = (float(sol[:, 0].sum()) + r_p) / float(sol[:, 1].sum())
+        da = sol[:, 0] - d_eta * sol[:, 1]
+    du = torch.where(var.split, (S_v * da + t_u + t_v) / (S_u + S_v), da)
+    dv = var.vmask * (du - da)
+    dz = ((target - c[0]) / s[0] - z[0] - z[0] * du / s[0], (target - c[1]) / s[1] - z[1] + z[1] * du / s[1],
+          var.vmask * ((target - c[2]) / s[2] - z[2] - z[2] * dv / s[2]),
+          var.vmask * ((target - c[3]) / s[3] - z[3] + z[3] * dv / s[3]))
+    return du, dv, d_eta, dz
+
+
 def _mehrotra(Q, lin, kink: float, lo, hi, total, tol: float):
+    """Mehrotra's predictor-corrector on the variables of :class:`_Variables` from the middle of their boxes; returns
+    ``(a, eta, iterations, converged)``."""
     m = lin.numel()
-    split = (lo < 0) & (hi > 0) & (kink > 0)
-    # u: the positive part (split) or x = a - lo (single); v: the negative part (split only)
-    Wu = torch.where(split, hi, hi - lo)
-    Wv = torch.where(split, -lo, torch.ones_like(lo))  # a dummy width where there is no v
-    offset = torch.where(split, torch.zeros_like(lo), lo)
-    cost_u = torch.where(split, torch.full_like(lo, kink),
-                         kink * torch.where(lo >= 0, 1.0, torch.where(hi <= 0, -1.0, 0.0)).to(lo.dtype))
-    vmask = split.to(lo.dtype)  # the v parts that exist
-    u, v = 0.5 * Wu, 0.5 * Wv
+    var = _Variables(lo, hi, kink)
+    u, v = 0.5 * var.Wu, 0.5 * var.Wv
     z = [torch.ones_like(lo) for _ in range(4)]  # multipliers of u >= 0, u <= Wu, v >= 0, v <= Wv
     eta = 0.0
-    one = torch.ones_like(lo)
-    n_bounds = 2 * m + 2 * int(split.sum())
     scale = max(1.0, float(lin.abs().max()))
     converged = False
     for it in range(MAX_ITERATIONS):
-        a = offset + u - vmask * v
+        a = var.point(u, v)
         Qa = Q @ a
         ga = Qa - lin
-        s = (u, Wu - u, v, Wv - v)
-        comp = float((s[0] * z[0] + s[1] * z[1] + vmask * (s[2] * z[2] + s[3] * z[3])).sum())
-        mu = comp / n_bounds
-        objective = float(0.5 * a @ Qa - lin @ a + (cost_u * u).sum() + kink * (vmask * v).sum())
-        r_u = ga + eta + cost_u - z[0] + z[1]
-        r_v = vmask * (-ga - eta + kink - z[2] + z[3])
+        s = var.slacks(u, v)
+        comp = var.complementarity(s, z)
+        objective = float(0.5 * a @ Qa - lin @ a + (var.cost_u * u).sum() + kink * (var.vmask * v).sum())
+        r_u = ga + eta + var.cost_u - z[0] + z[1]
+        r_v = var.vmask * (-ga - eta + kink - z[2] + z[3])
         r_p = 0.0 if total is None else float(a.sum()) - total
         if comp <= tol * max(1.0, abs(objective)) and abs(r_p) <= 1e-12 * scale * m \
                 and float(torch.maximum(r_u.abs().max(), r_v.abs().max())) <= max(tol, RESIDUAL_TOL) * scale:
             converged = True
             break
-        S_u = z[0] / s[0] + z[1] / s[1]
-        S_v = torch.where(split, z[2] / s[2] + z[3] / s[3], torch.ones_like(lo))
-        D = torch.where(split, S_u * S_v / (S_u + S_v), S_u)
-        if not bool(torch.isfinite(D).all()):
+        curv = var.curvatures(s, z)
+        if not bool(torch.isfinite(curv[2]).all()):
             break  # a bound reached in floating point: the caller falls back
-        H = Q.clone()
-        H.diagonal().add_(D)
-        try:
-            L = cholesky_shifted(H)
-        except torch.linalg.LinAlgError:
+        L = _factor(Q, curv[2])
+        if L is None:
             break
-        del H
-
-        def direction(target: float, products=None):
-            c = products or (0.0, 0.0, 0.0, 0.0)
-            t_u = -(ga + eta + cost_u) + (target - c[0]) / s[0] - (target - c[1]) / s[1]
-            t_v = -(-ga - eta + kink) + (target - c[2]) / s[2] - (target - c[3]) / s[3]
-            rhs = torch.where(split, (S_v * t_u - S_u * t_v) / (S_u + S_v), t_u)
-            if total is None:
-                da, d_eta = torch.cholesky_solve(rhs.unsqueeze(1), L).squeeze(1), 0.0
-            else:
-                sol = torch.cholesky_solve(torch.stack([rhs, one], 1), L)
-                d_eta = (float(sol[:, 0].sum()) + r_p) / float(sol[:, 1].sum())
-                da = sol[:, 0] - d_eta * sol[:, 1]
-            du = torch.where(split, (S_v * da + t_u + t_v) / (S_u + S_v), da)
-            dv = vmask * (du - da)
-            dz = ((target - c[0]) / s[0] - z[0] - z[0] * du / s[0], (target - c[1]) / s[1] - z[1] + z[1] * du / s[1],
-                  vmask * ((target - c[2]) / s[2] - z[2] - z[2] * dv / s[2]),
-                  vmask * ((target - c[3]) / s[3] - z[3] + z[3] * dv / s[3]))
-            return du, dv, d_eta, dz
-
-        def longest(du, dv, dz) -> float:
-            pairs = [(s[0], du), (s[1], -du), (z[0], dz[0]), (z[1], dz[1])]
-            if bool(split.any()):
-                pairs += [(s[2][split], dv[split]), (s[3][split], -dv[split]), (z[2][split], dz[2][split]),
-                          (z[3][split], dz[3][split])]
-            return _step_length(pairs)
-
-        du, dv, d_eta, dz = direction(0.0)  # predictor (affine scaling)
-        t = longest(du, dv, dz)
+        # predictor (affine scaling), then the corrector aimed at sigma mu with the predictor's second-order term
+        du, dv, d_eta, dz = _direction(var, L, ga, eta, s, z, curv, r_p, total, 0.0)
+        t = var.longest_step(s, z, du, dv, dz)
         ds = (du, -du, dv, -dv)
-        comp_aff = sum(float((vmask if k >= 2 else one) @ ((s[k] + t * ds[k]) * (z[k] + t * dz[k]))) for k in range(4))
+        comp_aff = sum(float(var.weights[k] @ ((s[k] + t * ds[k]) * (z[k] + t * dz[k]))) for k in range(4))
         sigma = (comp_aff / comp) ** 3
         products = tuple(ds[k] * dz[k] for k in range(4))
-        du, dv, d_eta, dz = direction(sigma * mu, products)  # corrector
-        t = min(1.0, TO_BOUNDARY * longest(du, dv, dz))
+        du, dv, d_eta, dz = _direction(var, L, ga, eta, s, z, curv, r_p, total, sigma * (comp / var.n_bounds),
+                                       products)
+        t = min(1.0, TO_BOUNDARY * var.longest_step(s, z, du, dv, dz))
         u, v, eta = u + t * du, v + t * dv, eta + t * d_eta
         z = [z[k] + t * dz[k] for k in range(4)]
-    a = offset + u - vmask * v
-    return a, eta, it, converged
+    return var.point(u, v), eta, it, converged
+
+
+def _factor(Q: torch.Tensor, D: torch.Tensor) -> Optional[torch.Tensor]:
+    """Cholesky factor of ``Q + diag(D)``, or None when it cannot be factored."""
+    H = Q.clone()
+    H.diagonal().add_(D)
+    try:
+        return cholesky_shifted(H)
+    except torch.linalg.LinAlgError:
+        return None
