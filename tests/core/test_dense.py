@@ -1,0 +1,63 @@
+"""joker_ext.dense.cholesky_ex against torch.linalg.cholesky_ex and the defining property H = L L^T."""
+import pytest
+import torch
+
+from joker_ext.dense import cholesky_ex
+
+
+def _spd(m: int, dtype, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    A = torch.randn(m, m, generator=g, dtype=torch.float64)
+    return (A @ A.T / m + 1e-3 * torch.eye(m, dtype=torch.float64)).to(dtype)
+
+
+@pytest.mark.parametrize("dtype, rtol", [(torch.float64, 1e-12), (torch.float32, 2e-4)])
+@pytest.mark.parametrize("m", [1, 7, 130])
+@pytest.mark.parametrize("upper", [False, True])
+def test_factor_matches_torch_and_reproduces_the_matrix(dtype, rtol, m, upper):
+    H = _spd(m, dtype)
+    before = H.clone()
+    F, info = cholesky_ex(H, upper=upper)
+    F_ref, info_ref = torch.linalg.cholesky_ex(H, upper=upper)
+    assert int(info) == int(info_ref) == 0
+    assert torch.equal(H, before)  # the input is not modified
+    assert F.dtype == dtype and F.shape == (m, m)
+    tri = torch.triu(F, 1) if not upper else torch.tril(F, -1)
+    assert torch.count_nonzero(tri) == 0  # the other triangle is zero, as torch returns it
+    scale = float(H.abs().max())
+    torch.testing.assert_close(F, F_ref, rtol=rtol, atol=rtol * scale ** 0.5)
+    product = F @ F.mT if not upper else F.mT @ F
+    torch.testing.assert_close(product, H, rtol=rtol, atol=rtol * scale)
+
+
+def test_reads_only_the_lower_triangle_and_takes_strided_views():
+    H = _spd(40, torch.float64, seed=1)
+    junk = H.clone()
+    junk.triu_(1).add_(1e6)  # garbage above the diagonal must not matter
+    L, info = cholesky_ex(torch.tril(H) + junk.triu(1))
+    assert int(info) == 0
+    torch.testing.assert_close(L @ L.T, H, rtol=1e-12, atol=1e-12)
+    big = _spd(80, torch.float64, seed=2)
+    view = big[::2, ::2]  # a non-contiguous principal submatrix
+    L, info = cholesky_ex(view)
+    torch.testing.assert_close(L, torch.linalg.cholesky(view.contiguous()), rtol=1e-12, atol=1e-12)
+
+
+def test_info_names_the_failing_minor_as_torch_does():
+    H = _spd(30, torch.float64, seed=3)
+    H[12, 12] = -1.0  # the leading minor of order 13 is not positive definite
+    _, info = cholesky_ex(H)
+    _, info_ref = torch.linalg.cholesky_ex(H)
+    assert int(info) == int(info_ref) == 13
+
+
+def test_other_tensors_go_to_torch():
+    H = _spd(5, torch.float64).requires_grad_(True)
+    L, info = cholesky_ex(H)  # autograd needs torch's own factorisation
+    assert int(info) == 0 and L.requires_grad
+    L.sum().backward()
+    assert H.grad is not None
+    batch = torch.stack([_spd(6, torch.float64, seed=s) for s in range(3)])
+    Lb, infob = cholesky_ex(batch)
+    assert Lb.shape == (3, 6, 6) and torch.all(infob == 0)
+    torch.testing.assert_close(Lb @ Lb.mT, batch)
