@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
 
 import torch
 
+from .dense import cholesky_ex
+
 if TYPE_CHECKING:  # joker_ext.kernels imports this module (kernels build their feature maps); not the other way
     from .kernels import Kernel
 
@@ -331,7 +333,7 @@ class NystromFeatureMap(FeatureMap):
             if level != applied:
                 K.diagonal().add_(level - applied)
                 applied = level
-            R, info = torch.linalg.cholesky_ex(K, upper=True)
+            R, info = cholesky_ex(K, upper=True)
             if int(info) == 0:
                 break
             del R

@@ -26,6 +26,8 @@ from typing import Callable, List, Optional, Tuple
 
 import torch
 
+from .dense import cholesky_ex
+
 __all__ = ["FreeFactor"]
 
 #: An update is used when ``UPDATE_RATIO * (|A| + |R|) <= |F|``: its triangular solves cost ``~ 2 |U|^2`` per
@@ -62,7 +64,7 @@ def principal_block(K: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 
 
 def _cholesky(H: torch.Tensor) -> Optional[torch.Tensor]:
-    L, info = torch.linalg.cholesky_ex(H)
+    L, info = cholesky_ex(H)
     return L if int(info) == 0 else None
 
 

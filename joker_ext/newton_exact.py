@@ -52,6 +52,7 @@ from typing import Optional
 
 import torch
 
+from .dense import cholesky_ex
 from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag
 from .losses import Loss
 from .memory import is_out_of_memory
@@ -70,7 +71,7 @@ def cholesky_shifted(H: torch.Tensor) -> torch.Tensor:
     scale = float(H.diagonal().abs().max().clamp_min(torch.finfo(H.dtype).tiny))
     step, shift = H.shape[0] * torch.finfo(H.dtype).eps * scale, 0.0
     for _ in range(12):
-        L, info = torch.linalg.cholesky_ex(H)
+        L, info = cholesky_ex(H)
         if int(info) == 0:
             return L
         H.diagonal().add_(step - shift)

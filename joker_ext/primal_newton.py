@@ -69,6 +69,7 @@ from typing import Optional
 
 import torch
 
+from .dense import cholesky_ex
 from .distributed import SingleProcess, local_positions
 from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag
 from .features import NystromFeatureMap, RandomFeatureMap
@@ -172,7 +173,7 @@ class NystromPreconditioner:
         Ysk.add_(omega, alpha=nu)
         core = omega.T @ Ysk
         del omega
-        L, info = torch.linalg.cholesky_ex(0.5 * (core + core.T))
+        L, info = cholesky_ex(0.5 * (core + core.T))
         store = store_dtype or dtype
         if int(info) != 0:  # numerically rank-deficient sketch: fall back to the identity preconditioner
             return cls(torch.zeros(n_features, 0, dtype=store, device=device), torch.zeros(0, dtype=dtype, device=device))
@@ -213,7 +214,7 @@ class CentersPreconditioner:
         A = torch.mm(R, R.mT)
         A.mul_(n / M * wbar)
         A.diagonal().add_(1.0)
-        L, info = torch.linalg.cholesky_ex(A)
+        L, info = cholesky_ex(A)
         del A
         self.L = L if int(info) == 0 else None
 

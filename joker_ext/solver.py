@@ -46,6 +46,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 import torch
 
+from .dense import cholesky_ex
 from .losses import Loss
 from .memory import is_out_of_memory
 from .engines import sigint_as_flag
@@ -392,7 +393,7 @@ def trust_region_eigh(H: torch.Tensor, g: torch.Tensor, radius: float) -> "tuple
     """
     # Fast path: when H is safely positive definite, one Cholesky gives the Newton step; it is the
     # answer whenever it lies inside the region (the common case once the radius has grown).
-    L, info = torch.linalg.cholesky_ex(H)
+    L, info = cholesky_ex(H)
     if int(info) == 0:
         w = -torch.cholesky_solve(g.unsqueeze(1), L).squeeze(1)
         diag = torch.diagonal(L)
