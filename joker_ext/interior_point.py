@@ -25,7 +25,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from .newton_exact import cholesky_shifted
+from .newton_exact import cholesky_shifted, cholesky_solve
 
 __all__ = ["solve_box_qp"]
 
@@ -142,9 +142,9 @@ def _direction(var: _Variables, L, ga, eta: float, s, z, curv, r_p: float, total
     t_v = -(-ga - eta + var.kink) + (target - c[2]) / s[2] - (target - c[3]) / s[3]
     rhs = torch.where(var.split, (S_v * t_u - S_u * t_v) / (S_u + S_v), t_u)
     if total is None:
-        da, d_eta = torch.cholesky_solve(rhs.unsqueeze(1), L).squeeze(1), 0.0
+        da, d_eta = cholesky_solve(rhs.unsqueeze(1), L).squeeze(1), 0.0
     else:
-        sol = torch.cholesky_solve(torch.stack([rhs, torch.ones_like(rhs)], 1), L)
+        sol = cholesky_solve(torch.stack([rhs, torch.ones_like(rhs)], 1), L)
         d_eta = (float(sol[:, 0].sum()) + r_p) / float(sol[:, 1].sum())
         da = sol[:, 0] - d_eta * sol[:, 1]
     du = torch.where(var.split, (S_v * da + t_u + t_v) / (S_u + S_v), da)
