@@ -26,6 +26,17 @@ def _timed(fn):
     return out, time.perf_counter() - t
 
 
+def _best_of(fn, repeats: int):
+    """The result and time of the fastest of ``repeats`` calls of ``fn`` (the first call in a process also pays for
+    one-time set-up: lazy imports, LAPACK's and the thread pools' start, first touches of large allocations;
+    measured: squared loss, n = 10,000, 10.0 s cold against 6.5 s warm)."""
+    return min((_timed(fn) for _ in range(repeats)), key=lambda run: run[1])
+
+
+#: Fits per side in the timed rows against scikit-learn (the fastest counts, for both sides alike).
+REPEATS = 2
+
+
 def exact_rows(n: int, seed: int = 0, C: float = 10.0, losses=None) -> None:
     """Exact kernels, float64, default engine ('auto') against scikit-learn's matching estimator (its default
     tol 1e-3), with the primal objective of both solutions; ``losses``: names of the rows to run (all)."""
@@ -41,7 +52,8 @@ def exact_rows(n: int, seed: int = 0, C: float = 10.0, losses=None) -> None:
     Xc, yc = make_classification(n_samples=n, n_features=8, flip_y=0.05, random_state=seed)
     Xc = (Xc - Xc.mean(0)) / Xc.std(0)
     gamma = 0.05
-    print(f"exact kernels, n = {n}, C = {C}, gamma = {gamma}, float64 (time ratio = joker / scikit-learn)")
+    print(f"exact kernels, n = {n}, C = {C}, gamma = {gamma}, float64 (time ratio = joker / scikit-learn; each "
+          f"side timed as the best of {REPEATS} fits where there is a scikit-learn row)")
     cases = [
         ("squared", X, y, dict(loss="squared"), lambda: KernelRidge(alpha=1.0 / C, kernel="rbf", gamma=gamma)),
         ("hinge + intercept", Xc, yc, dict(loss="hinge", fit_intercept=True), lambda: SVC(C=C, gamma=gamma)),
@@ -57,11 +69,12 @@ def exact_rows(n: int, seed: int = 0, C: float = 10.0, losses=None) -> None:
         if losses is not None and kw["loss"] not in losses:
             continue
         cls = JokerClassifier if kw["loss"] in ("hinge", "squared_hinge", "logistic") else JokerRegressor
-        est, t = _timed(lambda: cls(C=C, gamma=gamma, max_time=600, **kw).fit(Xs, ys))
+        repeats = REPEATS if make_ref is not None else 1
+        est, t = _best_of(lambda: cls(C=C, gamma=gamma, max_time=600, **kw).fit(Xs, ys), repeats)
         line = (f"  {name:28s} joker {est.solver_:10s} {t:7.2f} s  rel gap {est.relative_gap_:.1e}  "
                 f"primal {est.primal_objective_:.10g}")
         if make_ref is not None:
-            ref, t_ref = _timed(lambda: make_ref().fit(Xs, ys))
+            ref, t_ref = _best_of(lambda: make_ref().fit(Xs, ys), repeats)
             f_ref = ref.decision_function(Xs) if hasattr(ref, "decision_function") else ref.predict(Xs)
             f = est.decision_function(Xs) if hasattr(est, "decision_function") else est.predict(Xs)
             p_ref = _sklearn_primal(kw, ref, Xs, ys, f_ref, C)
@@ -258,7 +271,17 @@ def main(argv=None) -> None:
                     help="sizes at which the losses without a scikit-learn estimator are checked against "
                          "another solver's optimum (Clarabel, LIBSVM; minutes at n = 4000)")
     ap.add_argument("--M", type=int, default=500)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="threads for both sides: torch's and the BLAS/LAPACK pools of NumPy and SciPy (LIBSVM has one)")
     args = ap.parse_args(argv)
+    from threadpoolctl import threadpool_limits
+
+    torch.set_num_threads(args.threads)
+    with threadpool_limits(args.threads):
+        _run(args)
+
+
+def _run(args) -> None:
     for n in args.exact_n:
         exact_rows(n)
     for n in args.reference_n:
