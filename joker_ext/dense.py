@@ -2,11 +2,11 @@
 
 Every engine factors dense symmetric positive (semi)definite matrices: the free blocks of the exact engines
 (``K_FF + diag(d)``, tens to thousands of rows, hundreds of times per fit), the Nystrom centres' ``K_ZZ`` and the
-Newton preconditioners' cores. :func:`cholesky_ex` is ``torch.linalg.cholesky_ex`` with one difference: a CPU
-tensor in float32 or float64 that needs no gradient is factored by SciPy's LAPACK (``?potrf``), on the
-transposed (column-major) view of its buffer, so that no copy is made going in and the factor comes back
-row-major. Measured on one thread (x86-64, torch 2.13 with MKL, SciPy 1.x with OpenBLAS; ``m`` the order),
-torch's own CPU factorisation took
+Newton preconditioners' cores. :func:`cholesky_ex` is ``torch.linalg.cholesky_ex`` with one difference: when
+torch runs on one thread, a CPU tensor in float32 or float64 that needs no gradient is factored by SciPy's LAPACK
+(``?potrf``), on the transposed (column-major) view of its buffer, so that no copy is made going in and the
+factor comes back row-major. Measured on one thread (x86-64, torch 2.13 with MKL, SciPy with OpenBLAS; ``m`` the
+order), torch's own CPU factorisation took
 
 ====== ======== =========== ======
 m      torch    SciPy potrf ratio
@@ -20,9 +20,20 @@ m      torch    SciPy potrf ratio
 
 Both compute the same factor up to rounding (largest difference 1.4e-14 at m = 1024 for an ``A A^T + m I``).
 Every other tensor (CUDA, other dtypes, batches, tensors that require grad) goes to torch unchanged.
+
+**Threads.** SciPy's BLAS has its own thread pool beside torch's. On a 2-core machine the two pools' waiting
+threads fought over the cores (OpenBLAS's threads keep spinning after a call): with torch on 2 threads and
+SciPy's OpenBLAS on its default 2, the working set's hundreds of small factorisations made a hinge fit at
+n = 4000 10x slower. With SciPy held to one thread and torch on two, torch's own two-thread factorisation was
+still the faster in whole fits (absolute loss at n = 4000: 1.26 s against 1.54 s; epsilon-insensitive 0.25 s
+against 0.26 s). So SciPy's factorisation is used only when torch itself runs on one thread
+(``torch.set_num_threads(1)``, ``OMP_NUM_THREADS=1``: parallel jobs, the benchmarks' one-thread rows), on the
+calling thread alone (its BLAS limited to one thread for the call through threadpoolctl, about 9 us); otherwise
+torch's, in torch's pool.
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Tuple
 
 import torch
@@ -34,6 +45,15 @@ def _scipy_potrf(dtype: torch.dtype):
     from scipy.linalg import lapack
 
     return lapack.dpotrf if dtype == torch.float64 else lapack.spotrf
+
+
+@lru_cache(maxsize=1)
+def _scipy_blas():
+    """threadpoolctl's handle on the BLAS libraries loaded (SciPy's among them, once ``scipy.linalg`` is imported)."""
+    import scipy.linalg  # noqa: F401  (loads SciPy's BLAS before the libraries are listed)
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController().select(user_api="blas")
 
 
 def cholesky_ex(H: torch.Tensor, *, upper: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -49,12 +69,13 @@ def cholesky_ex(H: torch.Tensor, *, upper: bool = False) -> Tuple[torch.Tensor, 
         Return the upper factor ``U = L^T``.
     """
     if H.device.type != "cpu" or H.dtype not in (torch.float32, torch.float64) or H.dim() != 2 \
-            or H.requires_grad or H.shape[0] == 0:
+            or H.requires_grad or H.shape[0] == 0 or torch.get_num_threads() > 1:
         return torch.linalg.cholesky_ex(H, upper=upper)
     # the row-major lower triangle of H is the column-major upper triangle of its transpose: LAPACK's upper factor
     # U of H^T (column-major, U^T U = H since H is symmetric) read row-major is U^T = L, and the other way round
     potrf = _scipy_potrf(H.dtype)
-    factor, info = potrf(H.detach().numpy().T, lower=int(upper), clean=1, overwrite_a=0)
+    with _scipy_blas().limit(limits=1):
+        factor, info = potrf(H.detach().numpy().T, lower=int(upper), clean=1, overwrite_a=0)
     out = torch.from_numpy(factor.T)
     if info < 0:  # pragma: no cover - an argument error, which the call above cannot make
         raise RuntimeError(f"LAPACK potrf: illegal argument {-info}")

@@ -1,8 +1,17 @@
-"""joker_ext.dense.cholesky_ex against torch.linalg.cholesky_ex and the defining property H = L L^T."""
+"""joker_ext.dense.cholesky_ex against torch.linalg.cholesky_ex and the defining property H = L L^T (SciPy's path,
+taken when torch runs on one thread, unless a test says otherwise)."""
 import pytest
 import torch
 
 from joker_ext.dense import cholesky_ex
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def _spd(m: int, dtype, seed: int = 0) -> torch.Tensor:
@@ -61,3 +70,54 @@ def test_other_tensors_go_to_torch():
     Lb, infob = cholesky_ex(batch)
     assert Lb.shape == (3, 6, 6) and torch.all(infob == 0)
     torch.testing.assert_close(Lb @ Lb.mT, batch)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_either_path_and_scipy_threads_restored(threads):
+    from threadpoolctl import threadpool_info
+
+    def blas_threads():
+        return sorted((lib["filepath"], lib["num_threads"]) for lib in threadpool_info() if lib["user_api"] == "blas")
+
+    H = _spd(300, torch.float64, seed=4)
+    before_blas = blas_threads()
+    torch.set_num_threads(threads)  # 1: SciPy's LAPACK on one thread; 2: torch's own
+    L, info = cholesky_ex(H)
+    assert int(info) == 0
+    torch.testing.assert_close(L @ L.T, H, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(L, torch.linalg.cholesky(H), rtol=1e-12, atol=1e-12)
+    assert blas_threads() == before_blas  # the one-thread limit is lifted after the call
+
+
+def test_working_set_on_one_thread_reaches_libsvm():
+    """The engines on SciPy's factorisation (torch on one thread): an epsilon-insensitive SVR with intercept at the
+    rounding floor, its primal objective at most LIBSVM's at tol 1e-10 and equal to the two-thread fit's (torch's
+    factorisation) to 1e-10."""
+    import numpy as np
+    from sklearn.datasets import make_regression
+    from sklearn.metrics.pairwise import rbf_kernel
+    from sklearn.svm import SVR
+
+    from joker_ext import JokerRegressor
+
+    X, y = make_regression(n_samples=500, n_features=6, noise=10.0, random_state=1)
+    X, y = (X - X.mean(0)) / X.std(0), (y - y.mean()) / y.std()
+    gamma, C, eps = 0.1, 10.0, 0.1
+    K = rbf_kernel(X, gamma=gamma)
+
+    def primal(a, f):
+        return 0.5 * a @ K @ a + C * np.maximum(0.0, np.abs(y - f) - eps).sum()
+
+    def ours():
+        est = JokerRegressor(loss="epsilon_insensitive", epsilon=eps, C=C, gamma=gamma, fit_intercept=True).fit(X, y)
+        assert est.solver_ == "working_set" and est.relative_gap_ <= 1e-10
+        return primal(est.dual_coef_.reshape(-1), est.predict(X))
+
+    one = ours()
+    torch.set_num_threads(2)
+    two = ours()
+    svr = SVR(C=C, gamma=gamma, epsilon=eps, tol=1e-10).fit(X, y)
+    a_ref = np.zeros(len(y))
+    a_ref[svr.support_] = svr.dual_coef_.reshape(-1)
+    assert one <= primal(a_ref, svr.predict(X)) * (1 + 1e-12)
+    assert abs(one - two) <= 1e-10 * one
