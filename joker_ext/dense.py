@@ -33,6 +33,7 @@ torch's, in torch's pool.
 """
 from __future__ import annotations
 
+import threading
 from functools import lru_cache
 from typing import Tuple
 
@@ -56,6 +57,34 @@ def _scipy_blas():
     return ThreadpoolController().select(user_api="blas")
 
 
+class _OneBlasThread:
+    """Context manager: the BLAS libraries on one thread while any thread of the process is inside it. The limit is
+    process-wide, so it is counted: the first thread in sets it, the last one out restores the previous setting
+    (two overlapping plain limits would restore in the wrong order and leave the user's BLAS on one thread)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._inside = 0
+        self._limiter = None
+
+    def __enter__(self):
+        with self._lock:
+            if self._inside == 0:
+                self._limiter = _scipy_blas().limit(limits=1)
+            self._inside += 1
+
+    def __exit__(self, *exc):
+        with self._lock:
+            self._inside -= 1
+            if self._inside == 0:
+                self._limiter.restore_original_limits()
+                self._limiter = None
+        return False
+
+
+_ONE_BLAS_THREAD = _OneBlasThread()
+
+
 def cholesky_ex(H: torch.Tensor, *, upper: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
     """Cholesky factor of the symmetric positive definite ``H``: ``(L, info)`` with ``H = L L^T`` (``upper=False``,
     ``L`` lower triangular) or ``(U, info)`` with ``H = U^T U`` (``upper=True``); ``info`` is 0 on success, else the
@@ -74,7 +103,7 @@ def cholesky_ex(H: torch.Tensor, *, upper: bool = False) -> Tuple[torch.Tensor, 
     # the row-major lower triangle of H is the column-major upper triangle of its transpose: LAPACK's upper factor
     # U of H^T (column-major, U^T U = H since H is symmetric) read row-major is U^T = L, and the other way round
     potrf = _scipy_potrf(H.dtype)
-    with _scipy_blas().limit(limits=1):
+    with _ONE_BLAS_THREAD:
         factor, info = potrf(H.detach().numpy().T, lower=int(upper), clean=1, overwrite_a=0)
     out = torch.from_numpy(factor.T)
     if info < 0:  # pragma: no cover - an argument error, which the call above cannot make

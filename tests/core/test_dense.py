@@ -121,3 +121,25 @@ def test_working_set_on_one_thread_reaches_libsvm():
     a_ref[svr.support_] = svr.dual_coef_.reshape(-1)
     assert one <= primal(a_ref, svr.predict(X)) * (1 + 1e-12)
     assert abs(one - two) <= 1e-10 * one
+
+
+def test_concurrent_factorisations_leave_the_blas_threads_as_they_were():
+    """The one-thread limit is process-wide: factorisations overlapping in several threads must restore the user's
+    setting once the last one is done (overlapping plain limits restore in the wrong order)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from threadpoolctl import threadpool_info
+
+    def blas_threads():
+        return sorted((lib["filepath"], lib["num_threads"]) for lib in threadpool_info() if lib["user_api"] == "blas")
+
+    before = blas_threads()
+    H = _spd(200, torch.float64, seed=5)
+
+    def work(_):
+        return max(float((L @ L.T - H).abs().max()) for L, _ in (cholesky_ex(H) for _ in range(30)))
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        errors = list(pool.map(work, range(8)))
+    assert max(errors) <= 1e-12
+    assert blas_threads() == before
