@@ -1,4 +1,4 @@
-"""Dense Cholesky factorisation on any device, through the fastest LAPACK at hand.
+"""Dense Cholesky factorisation and solves on any device, through the fastest LAPACK at hand.
 
 Every engine factors dense symmetric positive (semi)definite matrices: the free blocks of the exact engines
 (``K_FF + diag(d)``, tens to thousands of rows, hundreds of times per fit), the Nystrom centres' ``K_ZZ`` and the
@@ -39,7 +39,7 @@ from typing import Tuple
 
 import torch
 
-__all__ = ["cholesky_ex"]
+__all__ = ["cholesky_ex", "cholesky_solve"]
 
 
 def _scipy_potrf(dtype: torch.dtype):
@@ -109,3 +109,11 @@ def cholesky_ex(H: torch.Tensor, *, upper: bool = False) -> Tuple[torch.Tensor, 
     if info < 0:  # pragma: no cover - an argument error, which the call above cannot make
         raise RuntimeError(f"LAPACK potrf: illegal argument {-info}")
     return out, torch.tensor(int(info), dtype=torch.int32)
+
+
+def cholesky_solve(B: torch.Tensor, L: torch.Tensor) -> torch.Tensor:
+    """``(L L^T)^{-1} B`` for the lower factor ``L`` of :func:`cholesky_ex`, by two triangular solves, which read
+    ``L`` in place whatever its layout (``torch.cholesky_solve`` copies a factor that is not column-major first: at
+    n = 10,000 that copy took 0.9 s of kernel ridge regression's 13 s; for one right-hand side at n = 8000 on one
+    thread it took 0.89 s against 0.086 s, a memory-bound solve that ADMM repeats every iteration)."""
+    return torch.linalg.solve_triangular(L.mT, torch.linalg.solve_triangular(L, B, upper=False), upper=True)

@@ -25,7 +25,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from .newton_exact import cholesky_shifted, cholesky_solve
+from .dense import cholesky_solve
+from .newton_exact import cholesky_shifted
 
 __all__ = ["solve_box_qp"]
 

@@ -46,7 +46,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 import torch
 
-from .dense import cholesky_ex
+from .dense import cholesky_ex, cholesky_solve
 from .losses import Loss
 from .memory import is_out_of_memory
 from .engines import sigint_as_flag
@@ -395,7 +395,7 @@ def trust_region_eigh(H: torch.Tensor, g: torch.Tensor, radius: float) -> "tuple
     # answer whenever it lies inside the region (the common case once the radius has grown).
     L, info = cholesky_ex(H)
     if int(info) == 0:
-        w = -torch.cholesky_solve(g.unsqueeze(1), L).squeeze(1)
+        w = -cholesky_solve(g.unsqueeze(1), L).squeeze(1)
         diag = torch.diagonal(L)
         well_conditioned = float(diag.min()) ** 2 > float(diag.max()) ** 2 * H.shape[0] * 1e3 * torch.finfo(H.dtype).eps
         if well_conditioned and torch.all(torch.isfinite(w)) and float(w.norm()) <= radius:

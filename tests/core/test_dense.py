@@ -3,7 +3,7 @@ taken when torch runs on one thread, unless a test says otherwise)."""
 import pytest
 import torch
 
-from joker_ext.dense import cholesky_ex
+from joker_ext.dense import cholesky_ex, cholesky_solve
 
 
 @pytest.fixture(autouse=True)
@@ -143,3 +143,14 @@ def test_concurrent_factorisations_leave_the_blas_threads_as_they_were():
         errors = list(pool.map(work, range(8)))
     assert max(errors) <= 1e-12
     assert blas_threads() == before
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_cholesky_solve_matches_a_plain_solve_for_either_layout(threads):
+    """``cholesky_solve`` reads the factor of either path (SciPy's row-major, torch's column-major)."""
+    torch.set_num_threads(threads)
+    H = _spd(90, torch.float64, seed=6)
+    B = torch.randn(90, 3, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    L, info = cholesky_ex(H)
+    assert int(info) == 0
+    torch.testing.assert_close(cholesky_solve(B, L), torch.linalg.solve(H, B), rtol=1e-10, atol=1e-10)
