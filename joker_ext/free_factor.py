@@ -108,11 +108,14 @@ class FreeFactor:
             if X is not None:
                 self.updates += 1
                 return X
-        return self._fresh_solve(K, free, d, V)
+        return self._fresh_solve(K, K_F, free, d, V)
 
-    def _fresh_solve(self, K, free, d, V):
+    def _fresh_solve(self, K, K_F, free, d, V):
         self.L0, self.rows = None, []  # the old factor goes before the new block is formed (peak: K, H, L)
-        H = K.clone() if free.numel() == K.shape[0] else principal_block(K, free)
+        if free.numel() == K.shape[0]:
+            H = K.clone()
+        else:  # from the rows the caller gathered when there are (one gather instead of two)
+            H = principal_block(K, free) if K_F is None else K_F.index_select(1, free)
         H.diagonal().add_(d[free])
         L = _cholesky(H)
         self.rows = []
