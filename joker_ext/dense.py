@@ -98,7 +98,7 @@ def cholesky_ex(H: torch.Tensor, *, upper: bool = False) -> Tuple[torch.Tensor, 
         Return the upper factor ``U = L^T``.
     """
     if H.device.type != "cpu" or H.dtype not in (torch.float32, torch.float64) or H.dim() != 2 \
-            or H.requires_grad or H.shape[0] == 0 or torch.get_num_threads() > 1:
+            or H.requires_grad or H.shape[0] == 0 or H.shape[0] != H.shape[1] or torch.get_num_threads() > 1:
         return torch.linalg.cholesky_ex(H, upper=upper)
     # the row-major lower triangle of H is the column-major upper triangle of its transpose: LAPACK's upper factor
     # U of H^T (column-major, U^T U = H since H is symmetric) read row-major is U^T = L, and the other way round

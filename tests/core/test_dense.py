@@ -154,3 +154,8 @@ def test_cholesky_solve_matches_a_plain_solve_for_either_layout(threads):
     L, info = cholesky_ex(H)
     assert int(info) == 0
     torch.testing.assert_close(cholesky_solve(B, L), torch.linalg.solve(H, B), rtol=1e-10, atol=1e-10)
+
+
+def test_a_matrix_that_is_not_square_is_refused_as_torch_refuses_it():
+    with pytest.raises(RuntimeError, match="square"):
+        cholesky_ex(torch.ones(3, 4, dtype=torch.float64))
