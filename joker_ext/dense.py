@@ -89,7 +89,8 @@ def cholesky_ex(H: torch.Tensor, *, upper: bool = False) -> Tuple[torch.Tensor, 
     """Cholesky factor of the symmetric positive definite ``H``: ``(L, info)`` with ``H = L L^T`` (``upper=False``,
     ``L`` lower triangular) or ``(U, info)`` with ``H = U^T U`` (``upper=True``); ``info`` is 0 on success, else the
     order of the leading minor that is not positive definite (LAPACK's convention, as ``torch.linalg.cholesky_ex``).
-    Only the lower triangle of ``H`` is read (``upper=True``: the upper one); ``H`` is not modified.
+    ``H`` is taken to be symmetric (SciPy's path reads its lower triangle, or its upper one for ``upper=True``; torch's
+    path reads what torch reads) and is not modified.
 
     Parameters
     ----------
