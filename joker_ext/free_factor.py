@@ -26,7 +26,7 @@ from typing import Callable, List, Optional, Tuple
 
 import torch
 
-from .dense import cholesky_ex
+from .dense import cholesky_ex, cholesky_solve
 
 __all__ = ["FreeFactor"]
 
@@ -126,7 +126,7 @@ class FreeFactor:
             self.L0, self.U, self.d = L, free.clone(), d.clone()
         del H
         self.fresh += 1
-        return _upper(L, _lower(L, V))
+        return cholesky_solve(V, L)
 
     # ------------------------------------------------------------------ the blocked factor
     def _forward(self, V: torch.Tensor) -> torch.Tensor:
@@ -223,7 +223,7 @@ class FreeFactor:
             Y[p] = V
             Y = self._backward(self._forward(Y))
             if W is not None:
-                Y = Y - W @ _upper(S, _lower(S, Y.index_select(0, removed)))
+                Y = Y - W @ cholesky_solve(Y.index_select(0, removed), S)
             return Y[p]
 
         return inverse

@@ -69,7 +69,7 @@ from typing import Optional
 
 import torch
 
-from .dense import cholesky_ex
+from .dense import cholesky_ex, cholesky_solve
 from .distributed import SingleProcess, local_positions
 from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag
 from .features import NystromFeatureMap, RandomFeatureMap
@@ -221,8 +221,7 @@ class CentersPreconditioner:
     def apply(self, v: torch.Tensor) -> torch.Tensor:
         if self.L is None:
             return v
-        y = torch.linalg.solve_triangular(self.L, v.unsqueeze(1), upper=False)
-        return torch.linalg.solve_triangular(self.L.mT, y, upper=True).squeeze(1)
+        return cholesky_solve(v.unsqueeze(1), self.L).squeeze(1)
 
 
 class _Basis:
