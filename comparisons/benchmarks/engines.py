@@ -37,9 +37,10 @@ def _best_of(fn, repeats: int):
 REPEATS = 2
 
 
-def exact_rows(n: int, seed: int = 0, C: float = 10.0, losses=None) -> None:
+def exact_rows(n: int, seed: int = 0, C: float = 10.0, losses=None, device: str = "cpu") -> None:
     """Exact kernels, float64, default engine ('auto') against scikit-learn's matching estimator (its default
-    tol 1e-3), with the primal objective of both solutions; ``losses``: names of the rows to run (all)."""
+    tol 1e-3), with the primal objective of both solutions; ``losses``: names of the rows to run (all);
+    ``device``: where joker_ext computes (scikit-learn always runs on the CPU)."""
     from sklearn.datasets import make_classification, make_regression
     from sklearn.kernel_ridge import KernelRidge
     from sklearn.svm import SVC, SVR
@@ -52,7 +53,7 @@ def exact_rows(n: int, seed: int = 0, C: float = 10.0, losses=None) -> None:
     Xc, yc = make_classification(n_samples=n, n_features=8, flip_y=0.05, random_state=seed)
     Xc = (Xc - Xc.mean(0)) / Xc.std(0)
     gamma = 0.05
-    print(f"exact kernels, n = {n}, C = {C}, gamma = {gamma}, float64 (time ratio = joker / scikit-learn; each "
+    print(f"exact kernels, n = {n}, C = {C}, gamma = {gamma}, float64, joker on {device} (time ratio = joker / scikit-learn; each "
           f"side timed as the best of {REPEATS} fits where there is a scikit-learn row)")
     cases = [
         ("squared", X, y, dict(loss="squared"), lambda: KernelRidge(alpha=1.0 / C, kernel="rbf", gamma=gamma)),
@@ -70,7 +71,8 @@ def exact_rows(n: int, seed: int = 0, C: float = 10.0, losses=None) -> None:
             continue
         cls = JokerClassifier if kw["loss"] in ("hinge", "squared_hinge", "logistic") else JokerRegressor
         repeats = REPEATS if make_ref is not None else 1
-        est, t = _best_of(lambda: cls(C=C, gamma=gamma, max_time=600, **kw).fit(Xs, ys), repeats)
+        est, t = _best_of(lambda: cls(C=C, gamma=gamma, max_time=600, device=device, **kw).fit(Xs, ys),
+                            repeats)
         line = (f"  {name:28s} joker {est.solver_:10s} {t:7.2f} s  rel gap {est.relative_gap_:.1e}  "
                 f"primal {est.primal_objective_:.10g}")
         if make_ref is not None:
@@ -273,6 +275,7 @@ def main(argv=None) -> None:
     ap.add_argument("--M", type=int, default=500)
     ap.add_argument("--threads", type=int, default=1,
                     help="threads for both sides: torch's and the BLAS/LAPACK pools of NumPy and SciPy (LIBSVM has one)")
+    ap.add_argument("--device", default="cpu", help="torch device of joker_ext's exact rows (e.g. cuda)")
     args = ap.parse_args(argv)
     from threadpoolctl import threadpool_limits
 
@@ -283,7 +286,7 @@ def main(argv=None) -> None:
 
 def _run(args) -> None:
     for n in args.exact_n:
-        exact_rows(n)
+        exact_rows(n, device=args.device)
     for n in args.reference_n:
         reference_rows(n)
     for n in args.falkon_n:
