@@ -14,7 +14,10 @@ For each run the harness records
 
 Isolation: each run is a separate process. By default they are forked from a multiprocessing
 *forkserver* that imported torch, scikit-learn, Falkon and GPyTorch once (saving several seconds of
-imports per run); ``isolation='spawn'`` starts a fresh interpreter per run instead. A run that raises is
+imports per run); ``isolation='spawn'`` starts a fresh interpreter per run instead, and is used whatever
+``isolation`` says when an experiment runs on a CUDA device: a preloaded library can initialise CUDA in the
+forkserver (Falkon's CUDA extension does), and CUDA cannot be used in a process forked after that (every GPU
+run failed with "Cannot re-initialize CUDA in forked subprocess" on an H200). A run that raises is
 recorded with status ``error`` and its message; a run that exceeds its budget (``spec.hard_seconds``:
 ``spec.seconds``, raised for a large ``spec.max_time``) is killed
 and recorded with status ``timeout``; a process that dies (e.g. out of memory) is recorded as ``crashed``
@@ -411,10 +414,18 @@ _PRELOAD = ["numpy", "scipy.linalg", "torch", "joker_ext", "joker_ext.estimators
             "joker_ext.comparisons.backends.base", "falkon", "gpytorch"]
 
 
-def _context(isolation: str):
+def start_method(isolation: str, specs: Sequence[ExperimentSpec]) -> str:
+    """The multiprocessing start method of the runs: ``isolation``, except 'spawn' when any experiment runs on
+    a CUDA device (see the module docstring) or the platform has no forkserver."""
     check_choice("isolation", isolation, ("forkserver", "spawn"))
+    if any(str(s.device).startswith("cuda") for s in specs):
+        return "spawn"
     if isolation == "forkserver" and "forkserver" not in mp.get_all_start_methods():  # pragma: no cover
-        isolation = "spawn"
+        return "spawn"
+    return isolation
+
+
+def _context(isolation: str):
     ctx = mp.get_context(isolation)
     if isolation == "forkserver":
         from .backends.base import package_available
@@ -518,7 +529,7 @@ def run_suite(
     out : str
         Output folder.
     isolation : {'forkserver', 'spawn'}
-        How run processes start (see the module docstring).
+        How run processes start (see the module docstring; 'spawn' whenever an experiment runs on CUDA).
     echo : callable, optional
         Receives one progress line per run.
     threads : int, optional
@@ -599,7 +610,7 @@ def run_suite(
                             continue  # M does not change this backend: already run for this problem
                         done_exact[key] = True
                     if ctx is None:
-                        ctx = _context(isolation)
+                        ctx = _context(start_method(isolation, specs))
                     job = {"spec": run_spec.to_dict(), "backend": backend, "repeat": r, "run_id": run_id,
                            "data": prep.__dict__, "threads": threads,
                            "backend_modules": {b: BACKEND_MODULES[b] for b in spec.backends}}

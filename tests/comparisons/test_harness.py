@@ -22,7 +22,7 @@ from joker_ext.comparisons.backends.base import Problem, Skip, pm_targets
 from joker_ext.comparisons.reporting import (CSV_COLUMNS, make_figures, markdown_table, read_csv, relative_gap_to_best,
                                    write_csv)
 from joker_ext.comparisons.runner import (backend_class, compute_metrics, prepare_data, resolve_sigma, run_one,
-                                          run_suite)
+                                          run_suite, start_method)
 from joker_ext.comparisons.spec import ALL_BACKENDS, ExperimentSpec, load_toml, quick_suite, spec_from_args
 
 from backend_fit import fit_backend
@@ -354,6 +354,23 @@ def fault_backends(monkeypatch):
 
     for name, cls in (("_crash", "CrashBackend"), ("_hang", "HangBackend"), ("_die", "DieBackend")):
         monkeypatch.setitem(BACKEND_MODULES, name, ("fault_backends", cls))
+
+
+def test_cuda_runs_start_fresh_interpreters():
+    """CUDA cannot be used in a process forked from one that initialised it (the forkserver's preloads can):
+    any experiment on a CUDA device makes every run spawn; CPU experiments keep the isolation asked for."""
+    cpu = ExperimentSpec(dataset="flights")
+    gpu = ExperimentSpec(dataset="flights")
+    gpu.device = "cuda:0"  # set after validation: this machine may have no GPU
+    assert start_method("spawn", [cpu]) == "spawn"
+    assert start_method("forkserver", [cpu, gpu]) == "spawn"
+    assert start_method("spawn", [gpu]) == "spawn"
+    import multiprocessing as mp
+
+    if "forkserver" in mp.get_all_start_methods():
+        assert start_method("forkserver", [cpu]) == "forkserver"
+    with pytest.raises(ValueError, match="isolation"):
+        start_method("fork", [cpu])
 
 
 def test_main_end_to_end_records_failures(tmp_path, fault_backends):
