@@ -14,7 +14,7 @@ import math
 
 import torch
 
-__all__ = ["PRECISION_TOL", "ROUNDING_GAP", "WORKING_SET_DTYPE", "PRACTICAL_TOL", "CONVERGENCE_WARN_GAP", "CHUNK_ROWS",
+__all__ = ["PRECISION_TOL", "ROUNDING_GAP", "WORKING_SET_DTYPE", "FILL_ELEMENTS", "PRACTICAL_TOL", "CONVERGENCE_WARN_GAP", "CHUNK_ROWS",
            "BLOCK_SIZE", "LARGE_N_BLOCK_SIZE", "LARGE_N", "LOGISTIC_BLOCK_SIZE", "MIN_BLOCK_ITERATIONS", "BLOCK_EPOCHS",
            "GRAM_MAX", "DIRECT_MAX", "SINGULAR_DIRECT_MAX", "CAUCHY_FACTORS", "SEARCH_FACTORS",
            "CAUCHY_CANDIDATES", "SEARCH_CANDIDATES", "precision_tol", "default_block_size",
@@ -35,6 +35,10 @@ ROUNDING_GAP = {torch.float64: 1e-11, torch.float32: 1e-4}
 #: the kernel matrix restricted to the support vectors, as ill-conditioned as the problem, and in float32 its
 #: active sets never settled (measured: epsilon-insensitive, n = 1500, C = 10, gap 0.22 after 100 iterations).
 WORKING_SET_DTYPE = torch.float64
+
+#: Kernel values the working-set engine's row cache computes at a time (bounds the temporary block of a fill; counted
+#: by :func:`joker_ext.memory.estimate_fit_memory`).
+FILL_ELEMENTS = 2**21
 
 #: Relative gap at which front ends that stop at a practical accuracy stop: the harness's joker backends and
 #: JokerFalkon's Newton engines at Falkon's default ``cg_tolerance``. For the squared loss a gap ``g`` puts the

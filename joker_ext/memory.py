@@ -13,7 +13,8 @@ bytes, in four parts:
   working set's kernel block and the free part's factor plus its row cache (working set); the sketch of the
   preconditioner (feature Newton);
 * ``per_chunk``: a chunk of ``r`` rows streamed over the data (``r b`` kernel values for the exact update,
-  ``r M`` features for a pass);
+  ``r M`` features for a pass; the working set's block of kernel rows while its cache fills, at most
+  ``FILL_ELEMENTS`` values: on a GPU it is allocated in full, on the CPU only its touched pages count);
 * ``model``: the primal weights ``M T`` and the feature map's ``d M`` frequencies.
 
 The data themselves are not counted (they stay where the user keeps them). The estimate is checked
@@ -30,7 +31,8 @@ from typing import Optional, Union
 
 import torch
 
-from .defaults import CHUNK_ROWS, DIRECT_MAX, GRAM_MAX, SEARCH_CANDIDATES, CAUCHY_CANDIDATES, WORKING_SET_DTYPE
+from .defaults import (CAUCHY_CANDIDATES, CHUNK_ROWS, DIRECT_MAX, FILL_ELEMENTS, GRAM_MAX, SEARCH_CANDIDATES,
+                       WORKING_SET_DTYPE)
 from .engines import DEFAULT_EXACT_MEMORY, WORKING_SET_SIZE
 from .operators import block_model
 
@@ -171,7 +173,8 @@ def estimate_fit_memory(n: int, d: int, T: int = 1, *, n_features: Optional[int]
         B = min(n, 2 * q)
         per_row = n * (WORKING_SET_ROW_VECTORS * T + 1) * itemsize
         per_block = (rows * n + WORKING_SET_MATRICES * B * B + B * d) * itemsize
-        return MemoryEstimate(per_row, per_block, 0, 0)
+        per_chunk = min(max(1, FILL_ELEMENTS // n), B) * n * itemsize  # the kernel rows of a cache fill
+        return MemoryEstimate(per_row, per_block, per_chunk, 0)
     if solver == "newton":
         if exact:
             raise ValueError("the feature Newton engine needs n_features")

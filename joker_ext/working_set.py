@@ -70,7 +70,7 @@ import torch
 
 from .active_set import (FREE, MAX_INNER, SIGMA_FLOOR, SIGMA_START, _Column, box_qp_inputs, next_sigma,
                          outer_loop, supports_active_set)
-from .defaults import WORKING_SET_DTYPE
+from .defaults import FILL_ELEMENTS, WORKING_SET_DTYPE
 from .interior_point import solve_box_qp
 from .engines import WORKING_SET_SIZE, Monitor, at_rounding_floor, register_solver, sigint_as_flag
 from .losses import Loss
@@ -90,8 +90,6 @@ CAP_PATIENCE = 10
 #: Outer iterations in a row at the rounding floor (exact subproblem solves, a gap that no longer halves) before the
 #: fit stops as converged.
 STALL_PATIENCE = 3
-#: Kernel values computed at a time when the cache fills rows (bounds the temporary block).
-FILL_ELEMENTS = 2**21
 #: Factor by which the smallest proximal weight a column's subproblems may take (raised by a cycle) falls per subproblem.
 FLOOR_DECAY = 3.0
 #: Proximal weight (times the kernel's diagonal) at which a cycling subproblem falls back to projected Newton.
