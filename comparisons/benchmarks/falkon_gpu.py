@@ -23,9 +23,10 @@ b. Falkon with ``max_gpu_mem`` calibrated: caps of ``--calib-start`` (default 1/
    with the cap): Joker's peak over Falkon's at the slow cap is an upper bound of the ratio the issue asks for;
 c. ``JokerFalkon(kernel, penalty, M, options=FalkonOptions())`` with its defaults (``features='auto'``),
    and with ``features='cossin'`` and ``features='nystrom'``: a reporting fit (``error_fn`` on the test set
-   after every Newton iteration, the reporting time excluded by wrapping the reporter) gives the time at
-   which the test RMSE first reaches Falkon's (a) RMSE; a plain fit gives the fit time, the final test
-   RMSE and the peak GPU memory.
+   after every Newton iteration, the reporting time excluded by wrapping the reporter; with ``--cg-every k``
+   also the CG iterate every ``k`` CG iterations of the squared loss's single CG run, :class:`_CGTrace`)
+   gives the time at which the test RMSE first reaches Falkon's (a) RMSE; a plain fit gives the fit time,
+   the final test RMSE and the peak GPU memory.
 
 Ratios Joker / Falkon come from the same worker (same process, same GPU, same data). Both libraries get
 the training data as float32 CPU tensors (Falkon's usual out-of-core use of a GPU).
@@ -214,8 +215,71 @@ def _joker_class():
     return TimedJokerFalkon
 
 
+class _CGTrace:
+    """Test RMSE of the iterate inside the conjugate gradients of the quadratic path, every ``every`` CG iterations.
+
+    The squared loss is solved by one CG run (:mod:`joker_ext.primal_newton`), so JokerFalkon's ``error_fn``
+    (once per Newton iteration) sees only its start and its end. While active, this wraps the engine's
+    ``_gap_test`` (to learn the Newton iterate ``beta``) and ``_pcg`` (whose gap test is called after every CG
+    iteration with the step ``D`` so far): every ``every`` calls it synchronises, predicts the test rows with
+    ``beta + D`` (what the fit would return if it stopped there) and records ``(time, RMSE, CG iteration)``;
+    the time of the recording itself is added to the model's excluded time. Benchmark instrumentation only.
+    """
+
+    def __init__(self, model, Xts, yts, every: int):
+        self.model, self.Xts, self.yts, self.every = model, Xts, yts, max(1, int(every))
+        self.marks = []
+
+    def __enter__(self):
+        from joker_ext import primal_newton as pn
+
+        self.pn, self.orig_gap, self.orig_pcg = pn, pn._gap_test, pn._pcg
+        trace, beta = self, {}
+
+        def gap_test(loss, Y, c_col, b, F, tol, shards):
+            beta["b"] = b
+            return trace.orig_gap(loss, Y, c_col, b, F, tol, shards)
+
+        def pcg(passes, grad, W, precond, eta, max_cg, still_open=None):
+            if still_open is None or "b" not in beta:
+                return trace.orig_pcg(passes, grad, W, precond, eta, max_cg, still_open)
+            calls = [0]
+
+            def observed(D, Z, R):
+                calls[0] += 1
+                if calls[0] % trace.every == 0:
+                    trace.record(passes, beta["b"] + D, calls[0])
+                return still_open(D, Z, R)
+
+            return trace.orig_pcg(passes, grad, W, precond, eta, max_cg, observed)
+
+        self.pn._gap_test, self.pn._pcg = gap_test, pcg
+        return self
+
+    def record(self, passes, b_internal, cg_iter: int) -> None:
+        import torch
+
+        m = self.model
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        b = passes.basis.to_external(b_internal)
+        sq, rows = 0.0, 8192
+        for s in range(0, self.Xts.shape[0], rows):
+            Xc = self.Xts[s:s + rows].to(b.device)
+            P = passes.fmap(Xc).to(b.dtype) @ b
+            sq += float(((P[:, 0] - self.yts[s:s + rows, 0].to(b.device, b.dtype)) ** 2).sum())
+        rmse = math.sqrt(sq / self.Xts.shape[0])
+        self.marks.append((t - m.bench_start_ - m.bench_spent_, rmse, cg_iter))
+        m.bench_spent_ += time.perf_counter() - t
+
+    def __exit__(self, *exc):
+        self.pn._gap_test, self.pn._pcg = self.orig_gap, self.orig_pcg
+        return False
+
+
 def _joker_fit(falkon, kernel, cfg, data, cuda: bool, features: str, target: float, report: bool,
-               max_time=None) -> dict:
+               max_time=None, cg_every: int = 0) -> dict:
     import torch
 
     Xtr, ytr, Xts, yts = data
@@ -230,9 +294,10 @@ def _joker_fit(falkon, kernel, cfg, data, cuda: bool, features: str, target: flo
     import io
 
     buf = io.StringIO()
+    cg = _CGTrace(model, Xts, yts, cg_every) if (report and cg_every) else contextlib.nullcontext()
     with _Clock(cuda) as clk:
         model.bench_start_ = clk.t0
-        with contextlib.redirect_stdout(buf):
+        with contextlib.redirect_stdout(buf), cg:
             if report:
                 model.fit(Xtr, ytr, Xts, yts)
             else:
@@ -248,9 +313,13 @@ def _joker_fit(falkon, kernel, cfg, data, cuda: bool, features: str, target: flo
         errs = [float(e) for e in model.val_errors_]
         out["trace"] = [[round(t, 4), e, h.get("passes"), h.get("rel_gap")] for t, e, h in zip(marks, errs, hist)]
         out["fit_time_excl_reporting"] = clk.time - model.bench_spent_
-        hit = [t for t, e in zip(marks, errs) if e <= target]
+        points = list(zip(marks, errs))
+        if cg_every:  # the CG iterates' test RMSE, merged with the Newton iterations' reports by time
+            out["cg_trace"] = [[round(t, 4), e, j] for t, e, j in cg.marks]
+            points = sorted(points + [(t, e) for t, e, _ in cg.marks])
+        hit = [t for t, e in points if e <= target]
         out["time_to_target"] = hit[0] if hit else None
-        out["best_rmse"] = min(errs) if errs else None
+        out["best_rmse"] = min(e for _, e in points) if points else None
     del model
     return out
 
@@ -331,7 +400,8 @@ def worker(a) -> None:
         for feats in a.joker_features.split(","):
             mt = a.nystrom_max_time if feats == "nystrom" else None
             try:
-                rep = _joker_fit(falkon, kernel, cfg, data, cuda, feats, target, report=True, max_time=mt)
+                rep = _joker_fit(falkon, kernel, cfg, data, cuda, feats, target, report=True, max_time=mt,
+                                 cg_every=a.cg_every)
                 plain = _joker_fit(falkon, kernel, cfg, data, cuda, feats, target, report=False, max_time=mt) \
                     if (feats == "auto" or a.plain_all) else None
             except Exception as exc:
@@ -613,6 +683,9 @@ def render(records) -> str:
                 if rep.get("trace"):
                     tr = ", ".join(f"{t:.2f}s:{e:.4f}" for t, e, *_ in rep["trace"])
                     lines.append(f"- trace {feats} (time excluding reporting: test RMSE): {tr}")
+                if rep.get("cg_trace"):
+                    tr = ", ".join(f"{t:.2f}s:{e:.4f} (CG {j})" for t, e, j in rep["cg_trace"])
+                    lines.append(f"- CG iterates {feats} (time excluding reporting: test RMSE): {tr}")
             lines.append("")
         p = r.get("profile")
         if p and p.get("ref_product_cos_M_s"):
@@ -641,6 +714,9 @@ def main(argv=None):
                    help="first cap as a fraction of the uncapped peak (then halved at every step)")
     p.add_argument("--nystrom-max-time", type=float, default=120.0)
     p.add_argument("--target", type=float, default=None, help="RMSE target instead of Falkon's")
+    p.add_argument("--cg-every", type=int, default=0,
+                   help="also record the test RMSE of the CG iterate every this many CG iterations of the squared "
+                        "loss's single CG run (reporting time excluded); 0: Newton iterations only")
     p.add_argument("--profile", action="store_true")
     p.add_argument("--old-engine", default=None)
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per configuration")
@@ -667,7 +743,7 @@ def main(argv=None):
     for cfg in a.configs.split(","):
         cmd = [sys.executable, "-m", MODULE, "--worker", cfg, "--flights-npz", a.flights_npz, "--libs", a.libs,
                "--joker-features", a.joker_features, "--calib-steps", str(a.calib_steps),
-               "--calib-start", str(a.calib_start),
+               "--calib-start", str(a.calib_start), "--cg-every", str(a.cg_every),
                "--nystrom-max-time", str(a.nystrom_max_time), "--out", out]
         for flag, val in (("--quick", a.quick), ("--profile", a.profile), ("--plain-all", a.plain_all)):
             if val:
