@@ -28,12 +28,12 @@ __all__ = ["CSV_COLUMNS", "write_csv", "read_csv", "markdown_table", "make_figur
 CSV_COLUMNS = [
     "experiment", "run_id", "dataset", "task", "backend", "loss", "kernel", "sigma", "penalty", "M",
     "n_train", "n_test", "dtype", "device", "seed", "repeat", "status",
-    "fit_seconds", "predict_seconds", "peak_rss_mb", "fit_rss_mb", "metric_name", "metric",
+    "fit_seconds", "predict_seconds", "peak_rss_mb", "fit_rss_mb", "peak_gpu_mb", "metric_name", "metric",
     "rmse", "mae", "rel_error", "accuracy", "auc", "wall_seconds", "params", "notes", "error", "trace_file",
 ]
 
-_NUMERIC = {"sigma", "penalty", "fit_seconds", "predict_seconds", "peak_rss_mb", "fit_rss_mb", "metric", "rmse",
-            "mae", "rel_error", "accuracy", "auc", "wall_seconds"}
+_NUMERIC = {"sigma", "penalty", "fit_seconds", "predict_seconds", "peak_rss_mb", "fit_rss_mb", "peak_gpu_mb", "metric",
+            "rmse", "mae", "rel_error", "accuracy", "auc", "wall_seconds"}
 _INTEGER = {"n_train", "n_test", "seed", "repeat"}
 
 
@@ -115,8 +115,8 @@ def summarise(rows: Sequence[Dict[str, Any]]) -> "OrderedDict[str, List[Dict[str
             ok = [r for r in rs if r.get("status") == "ok"]
             base = dict(ok[0] if ok else rs[-1])
             if ok:
-                for k in ("fit_seconds", "predict_seconds", "peak_rss_mb", "fit_rss_mb", "metric", "rmse", "mae",
-                          "rel_error", "accuracy", "auc"):
+                for k in ("fit_seconds", "predict_seconds", "peak_rss_mb", "fit_rss_mb", "peak_gpu_mb", "metric", "rmse",
+                          "mae", "rel_error", "accuracy", "auc"):
                     vals = [_num(r.get(k)) for r in ok]
                     vals = [v for v in vals if not math.isnan(v)]
                     base[k] = sum(vals) / len(vals) if vals else math.nan
@@ -164,9 +164,11 @@ def markdown_table(rows: Sequence[Dict[str, Any]], notes_width: int = 110) -> st
                 f"n_train={first.get('n_train')}, n_test={first.get('n_test')}, {first.get('dtype')}")
         mname = next((r.get("metric_name") for r in summary if r.get("metric_name")), "metric")
         gaps = relative_gap_to_best(summary)
+        gpu = any(not math.isnan(_num(r.get("peak_gpu_mb"))) for r in summary)  # a GPU column for CUDA runs
         lines = [head, "",
-                 f"| backend | M | status | fit s | predict s | peak MB | fit MB | {mname} | vs best | notes |",
-                 "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
+                 f"| backend | M | status | fit s | predict s | peak MB | fit MB |{' GPU MB |' if gpu else ''} "
+                 f"{mname} | vs best | notes |",
+                 "|---|---|---|---:|---:|---:|---:|" + ("---:|" if gpu else "") + "---:|---:|---|"]
         for i, r in enumerate(summary):
             ok = str(r.get("status", "")).startswith("ok")
             cells = [
@@ -175,6 +177,7 @@ def markdown_table(rows: Sequence[Dict[str, Any]], notes_width: int = 110) -> st
                 f"{_num(r.get('predict_seconds')):.2f}" if ok else "",
                 f"{_num(r.get('peak_rss_mb')):.0f}" if ok else "",
                 f"{_num(r.get('fit_rss_mb')):.0f}" if ok else "",
+            ] + ([f"{_num(r.get('peak_gpu_mb')):.0f}" if ok else ""] if gpu else []) + [
                 f"{_num(r.get('metric')):.4f}" if ok else "",
                 (f"{gaps[i]:+.2f}%" if i in gaps else ""),
             ]

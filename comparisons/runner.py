@@ -4,9 +4,13 @@ For each run the harness records
 
 * ``fit_seconds`` and ``predict_seconds`` (wall clock; time spent by the harness evaluating the
   convergence trace inside a fit is excluded),
-* ``peak_rss_mb``: the run process's peak resident set size (``resource.getrusage(RUSAGE_SELF).ru_maxrss``
-  read in the child at the end) and ``fit_rss_mb``, the growth of that peak during fit and predict (the
-  part due to the method, over the baseline of the interpreter, the libraries and the data),
+* ``peak_rss_mb``: the run process's peak resident set size (on Linux ``VmHWM`` of ``/proc/self/status``,
+  reset through ``/proc/self/clear_refs`` when the run starts: ``getrusage``'s ``ru_maxrss`` keeps the
+  parent's mark across the ``exec`` of a spawned run, which then reported the harness's own peak and a fit
+  growth of 0; ``ru_maxrss`` elsewhere) and ``fit_rss_mb``, the growth of that peak during fit and predict
+  (the part due to the method, over the baseline of the interpreter, the libraries and the data),
+* ``peak_gpu_mb``: on a CUDA device, ``torch.cuda.max_memory_allocated`` over fit and predict less what was
+  allocated before the fit (NaN on the CPU),
 * test metrics: RMSE, MAE and relative error ``||y - f|| / ||y||`` for regression (in the original units
   of the target); accuracy and ROC AUC for binary classification; accuracy for multi-class;
 * a convergence trace: the test metric (on at most ``TRACE_TEST_POINTS`` test points) against fit time
@@ -289,9 +293,52 @@ def resolve_sigma(spec: ExperimentSpec, prep: PreparedData) -> float:
 
 
 # ---------------------------------------------------------------------------- one run (in the child)
+def _reset_peak_rss() -> bool:
+    """Reset this process's resident-set high-water mark to its current resident set (Linux); False elsewhere."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def _maxrss_mb() -> float:
+    """Peak resident set of this process in MB: ``VmHWM`` where /proc has it (see :func:`_reset_peak_rss`),
+    else ``getrusage``'s ``ru_maxrss``."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return r / 1024.0 if sys.platform != "darwin" else r / 1024.0 / 1024.0
+
+
+class _GpuPeak:
+    """``torch.cuda.max_memory_allocated`` over a run on a CUDA device, less what was allocated at its start."""
+
+    def __init__(self, device: str):
+        self.cuda = str(device).startswith("cuda")
+        self.device, self.base = str(device), 0
+
+    def start(self) -> None:
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.base = torch.cuda.memory_allocated(self.device)
+
+    def mb(self) -> float:
+        if not self.cuda:
+            return math.nan
+        import torch
+
+        torch.cuda.synchronize(self.device)
+        return (torch.cuda.max_memory_allocated(self.device) - self.base) / 2**20
 
 
 def _atomic_write_json(path: str, obj: Any) -> None:
@@ -328,6 +375,7 @@ def run_one(job: Dict[str, Any]) -> Dict[str, Any]:
     prep = PreparedData(**job["data"])
     result: Dict[str, Any] = {"status": "ok", "notes": [], "params": {}, "trace": [], "error": ""}
     backend = None
+    _reset_peak_rss()  # this run's own mark, not the parent's (spawn)
     try:
         X_train, y_train, X_test, y_test = prep.load()
         problem = Problem(task=prep.task, n_train=prep.n_train, n_test=prep.n_test, n_features=prep.n_features,
@@ -345,6 +393,8 @@ def run_one(job: Dict[str, Any]) -> Dict[str, Any]:
         sub = np.sort(rng.choice(prep.n_test, size=m, replace=False)) if m < prep.n_test else np.arange(prep.n_test)
         trace = Trace(X_test[sub], y_test_orig[sub], prep.task, to_original)
         rss0 = _maxrss_mb()
+        gpu = _GpuPeak(spec.device)
+        gpu.start()
         trace.start()
         t0 = time.perf_counter()
         backend.fit(X_train, y_train, trace)
@@ -360,6 +410,7 @@ def run_one(job: Dict[str, Any]) -> Dict[str, Any]:
         result["metrics"] = compute_metrics(prep.task, y_test_orig, scores)
         result["peak_rss_mb"] = _maxrss_mb()
         result["fit_rss_mb"] = max(0.0, result["peak_rss_mb"] - rss0)
+        result["peak_gpu_mb"] = gpu.mb()
         pts = list(trace.points)
         if not pts or all("metric" not in p for p in pts):  # a direct solver: one point at the end
             pts.append({"time": result["fit_seconds"], "metric": result["metrics"][primary_metric(prep.task)]})
@@ -493,6 +544,7 @@ def _row(spec: ExperimentSpec, backend: str, repeat: int, prep: Optional[Prepare
         "predict_seconds": res.get("predict_seconds", math.nan),
         "peak_rss_mb": res.get("peak_rss_mb", math.nan),
         "fit_rss_mb": res.get("fit_rss_mb", math.nan),
+        "peak_gpu_mb": res.get("peak_gpu_mb", math.nan),
         "metric_name": mname,
         "metric": metrics.get(mname, math.nan) if mname else math.nan,
         "rmse": metrics.get("rmse", math.nan),
@@ -626,7 +678,8 @@ def run_suite(
                     write_csv(rows, csv_path)
                     if row["status"] == "ok":
                         say(f"[{len(rows)}] {spec.label} {backend} M={row['M']}: {row['metric_name']}="
-                            f"{row['metric']:.4g} fit {row['fit_seconds']:.2f}s peak {row['peak_rss_mb']:.0f}MB")
+                            f"{row['metric']:.4g} fit {row['fit_seconds']:.2f}s peak {row['peak_rss_mb']:.0f}MB"
+                            + (f" GPU {row['peak_gpu_mb']:.0f}MB" if math.isfinite(row["peak_gpu_mb"]) else ""))
                     else:
                         say(f"[{len(rows)}] {spec.label} {backend}: {row['status']} ({row['error']})")
     return rows

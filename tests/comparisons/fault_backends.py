@@ -5,6 +5,7 @@
 
 ``_crash`` raises in ``fit``; ``_hang`` sleeps until it is killed; ``_die`` ends its process abruptly
 (as an out-of-memory kill would). The harness must record each with its error and lose no other result.
+``_alloc`` succeeds after touching :data:`ALLOC_MB` MB in ``fit`` (the memory columns must show it).
 """
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ import numpy as np
 
 from joker_ext.comparisons.backends.base import Backend
 
-__all__ = ["CrashBackend", "HangBackend", "DieBackend"]
+__all__ = ["CrashBackend", "HangBackend", "DieBackend", "AllocBackend", "ALLOC_MB"]
+
+#: Megabytes that AllocBackend.fit allocates and touches.
+ALLOC_MB = 200
 
 
 class CrashBackend(Backend):
@@ -51,3 +55,15 @@ class DieBackend(Backend):
 
     def predict(self, X):  # pragma: no cover - never reached
         return np.zeros(len(X))
+
+
+class AllocBackend(Backend):
+    name = "_alloc"
+    uses_M = False
+
+    def fit(self, X, y, trace) -> None:
+        block = np.ones(ALLOC_MB * 2**20 // 8)  # every page written
+        self.mean = float(block[::4096].mean())
+
+    def predict(self, X):
+        return np.full(len(X), self.mean)

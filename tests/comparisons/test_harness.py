@@ -352,7 +352,8 @@ def fault_backends(monkeypatch):
     """Register the backends that fail on purpose (``fault_backends.py`` beside this file) for one test."""
     from joker_ext.comparisons.backends import BACKEND_MODULES
 
-    for name, cls in (("_crash", "CrashBackend"), ("_hang", "HangBackend"), ("_die", "DieBackend")):
+    for name, cls in (("_crash", "CrashBackend"), ("_hang", "HangBackend"), ("_die", "DieBackend"),
+                      ("_alloc", "AllocBackend")):
         monkeypatch.setitem(BACKEND_MODULES, name, ("fault_backends", cls))
 
 
@@ -402,6 +403,22 @@ def test_main_end_to_end_records_failures(tmp_path, fault_backends):
     assert rows2[0]["status"] == "timeout" and "killed" in rows2[0]["error"]
     assert time.perf_counter() - t1 < 30
     assert read_csv(tmp_path / "out2" / "results.csv")[0]["status"] == "timeout"
+
+
+@pytest.mark.parametrize("isolation", ["spawn", "forkserver"])
+def test_memory_columns_are_the_run_process_own(tmp_path, fault_backends, isolation):
+    """A run that touches ALLOC_MB MB reports that growth, also when spawned from a parent whose own peak is far
+    higher (getrusage's ru_maxrss carries the parent's mark across exec: spawned runs reported a growth of 0)."""
+    from fault_backends import ALLOC_MB
+
+    parent = np.ones(3 * ALLOC_MB * 2**20 // 8)  # the parent's peak: above anything the run reaches
+    spec = ExperimentSpec(dataset="diabetes", n_train=100, n_test=50, sigma=1.0, backends=("_alloc",))
+    row = run_suite([spec], str(tmp_path), isolation=isolation, echo=None, threads=1)[0]
+    del parent
+    assert row["status"] == "ok"
+    assert 0.9 * ALLOC_MB <= row["fit_rss_mb"] <= 1.5 * ALLOC_MB
+    assert row["peak_rss_mb"] >= row["fit_rss_mb"]
+    assert math.isnan(row["peak_gpu_mb"])  # a CPU run has no GPU peak
 
 
 def test_falkon_backend_skips_with_a_note_when_not_installed(monkeypatch):
