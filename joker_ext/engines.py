@@ -268,22 +268,26 @@ class Monitor:
         return rec
 
     def stop_reason(self, rec: dict, state, alpha, interrupted: bool) -> Optional[str]:
-        """'converged', 'callback', 'max_time' or 'interrupted' when the loop should end, else None."""
+        """'converged', 'callback', 'max_time' or 'interrupted' when the loop should end, else None.
+
+        The callback also sees the converged iterate (the model the fit returns; a Falkon ``error_fn`` reports
+        it, as Falkon's last iteration), and 'converged' then stands whatever it returns."""
         it = rec["iteration"]
         if self.snapshot is not None and self.snapshot_every and it % self.snapshot_every == 0:
             state_out, alpha_out = self._reported(state, alpha)
             self.snapshot({"alpha": alpha_out, "state": state_out, "radius": None, "iteration": it, "rng_state": None})
-        if rec["rel_gap"] <= self.options.tol:
-            return "converged"
+        converged = rec["rel_gap"] <= self.options.tol
         if self.callback is not None:
             info = dict(rec)
             state_out, alpha_out = self._reported(state, alpha)
             info.update(alpha=alpha_out, state=state_out, radius=None, rng_state=None)
             try:
-                if self.callback(info):
+                if self.callback(info) and not converged:
                     return "callback"
             except KeyboardInterrupt:
-                return self._interrupted(it)
+                return "converged" if converged else self._interrupted(it)
+        if converged:
+            return "converged"
         if self.options.max_time is not None and time.perf_counter() - self.t0 >= self.options.max_time:
             return "max_time"
         if interrupted:

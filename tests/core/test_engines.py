@@ -483,3 +483,21 @@ def test_auto_policy_and_registry():
     assert "newton" in available_solvers("features") and "dbcd_tr" in available_solvers("exact")
     with pytest.raises(ValueError, match="solver must be one of"):
         get_solver("lbfgs", "exact")
+
+
+@pytest.mark.parametrize("solver, name, features", [("newton", "logistic", False), ("active_set", "squared", False),
+                                                    ("working_set", "hinge", False), ("newton", "squared", True),
+                                                    ("newton", "hinge", True), ("dbcd_tr", "squared", False)])
+def test_callback_sees_the_converged_model(solver, name, features):
+    """Every engine hands its callback the iterate it returns (a Falkon error_fn then reports the final model, as
+    Falkon's last iteration does): the last callback's duals are the result's."""
+    loss, X, y = _problem(name, n=200, seed=3)
+    kernel = GaussianKernel(1.0)
+    fmap = make_feature_map(kernel, 64, seed=0) if features else None
+    seen = []
+    m = fit_dual(torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1), loss=loss,
+                 c=torch.full((200,), 2.0, dtype=F64), kernel=kernel, feature_map=fmap,
+                 options=SolverOptions(max_iter=3000, tol=1e-8), solver=solver,
+                 callback=lambda info: seen.append(info["alpha"].clone()) and False)
+    assert m.result.status == "converged" and seen
+    torch.testing.assert_close(seen[-1], m.result.alpha, rtol=0, atol=0)
