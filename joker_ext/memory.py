@@ -96,9 +96,9 @@ CANDIDATE_BUFFERS = 8
 #: n-vectors (n x T) of the feature Newton engine: f, a*, w (the gradient pass), Phi d, Phi p (the CG),
 #: alpha and the gap's temporaries.
 NEWTON_ROW_VECTORS = 10
-#: M x r buffers of the Newton engine's Nystrom sketch at its peak (the test matrix, the sketch, its
-#: triangular solve), plus the SVD's factor and workspace on the CPU.
-SKETCH_BUFFERS = 5
+#: M x r buffers of the Newton engine's Nystrom sketch at its peak (the test matrix and the sketch, which its
+#: triangular solve overwrites), plus the SVD's factor and workspace on the CPU.
+SKETCH_BUFFERS = 4
 #: n-vectors of the working-set engine (alpha, f, the box, the KKT bounds and the column's temporaries).
 WORKING_SET_ROW_VECTORS = 10
 #: |B| x |B| matrices of a working-set subproblem: ``K_BB`` and, at most, three more: the interior-point

@@ -45,9 +45,9 @@ With Nystrom features ``Phi = K(X, Z) R^{-1}`` the preconditioner is Falkon's in
 chunk of rows (:class:`_Basis`).
 
 Cost per pass ``O(n M d)`` (the features) plus ``4 n M`` (two products); the sketch ``O(n_s M (d + r))``
-plus ``O(M r^2)``. Memory: ``M r`` for ``U`` (three ``M x r`` buffers while sketching), ``chunk_rows x M``
-for a feature chunk, a few n-vectors and a copy of ``X`` on the device; never ``M x M`` for random
-features (Falkon's preconditioner) unless ``r = M``.
+plus ``O(M r^2)``. Memory: ``M r`` for ``U`` (two ``M x r`` buffers while sketching, when the passes'
+feature chunks are freed), ``chunk_rows x M`` for a feature chunk, a few n-vectors and a copy of ``X`` on the
+device; never ``M x M`` for random features (Falkon's preconditioner) unless ``r = M``.
 
 On a GPU (measured on an H100, ``comparisons/benchmarks/falkon_gpu.py``):
 
@@ -139,7 +139,8 @@ class NystromPreconditioner:
         taken through the eigen-decomposition of its ``r x r`` Gram matrix (cheap on a GPU, where an SVD
         of an ``M x r`` matrix is not); every eigenvalue kept is above the shift ``nu``, far above that
         route's rounding error (``svd=None``: on a GPU; on the CPU the SVD of the ``M x r`` matrix).
-        Memory: three ``M x r`` buffers at the peak.
+        Memory: two ``M x r`` buffers at the peak (the test matrix and the sketch; the triangular solve and
+        the factor overwrite the sketch row block by row block), plus the SVD's on the CPU.
         """
         dtype, device = w.dtype, w.device
         gdev = generator.device if isinstance(generator, torch.Generator) else torch.device("cpu")
@@ -177,20 +178,20 @@ class NystromPreconditioner:
         store = store_dtype or dtype
         if int(info) != 0:  # numerically rank-deficient sketch: fall back to the identity preconditioner
             return cls(torch.zeros(n_features, 0, dtype=store, device=device), torch.zeros(0, dtype=dtype, device=device))
-        B = torch.linalg.solve_triangular(L, Ysk.T, upper=False).T  # Ysk L^{-T}: the sketch is B B^T
+        B = _rows_in_place(Ysk, lambda rows: torch.linalg.solve_triangular(L, rows.T, upper=False).T)
+        del Ysk  # B = Ysk L^{-T}, in the sketch's buffer: the sketch is B B^T
         if svd is None:
             svd = device.type == "cpu"
         if svd:
-            del Ysk
             U, S, _ = torch.linalg.svd(B, full_matrices=False)
+            del B
             S2 = S * S
         else:
             S2, V = torch.linalg.eigh(B.T @ B)  # B = U S V^T
             S2, V = S2.flip(0), V.flip(1)
             S = S2.clamp_min(torch.finfo(dtype).tiny).sqrt()
-            U = torch.mm(B, V / S, out=Ysk)  # into the sketch's buffer, no longer needed
-            del Ysk
-        del B
+            factor = V / S
+            U = _rows_in_place(B, lambda rows: rows @ factor)  # U = B V S^{-1}, in the same buffer
         lam = (S2 - nu).clamp_min(0)
         return cls(U.to(store), lam)
 
@@ -200,6 +201,20 @@ class NystromPreconditioner:
             return R
         UR = self.U.T @ R.to(self.U.dtype)
         return R + (self.U @ (self._coef[:, 0] * UR)).to(R.dtype)
+
+
+#: Elements of the temporary block of :func:`_rows_in_place` (32 MB in float64).
+IN_PLACE_BLOCK = 2**22
+
+
+def _rows_in_place(A: torch.Tensor, fn) -> torch.Tensor:
+    """``A[rows] = fn(A[rows])`` for consecutive blocks of rows (``fn`` keeps a block's shape): a row-wise map of
+    an ``M x r`` matrix with one block as temporary instead of a second ``M x r`` buffer. Returns ``A``."""
+    rows = max(1, IN_PLACE_BLOCK // max(1, A.shape[1]))
+    for start in range(0, A.shape[0], rows):
+        block = A[start:start + rows]
+        block.copy_(fn(block))
+    return A
 
 
 class CentersPreconditioner:
@@ -474,6 +489,7 @@ class _Passes:
         if self.basis.kind == "nystrom":
             (w_sum,) = self.shards.sum_many(w_sample.sum().reshape(1))
             return CentersPreconditioner(self.basis.R, float(w_sum) / n_sample, self.n_total)
+        self._buffers.clear()  # the passes' workspaces, free while the sketch's M x r buffers live
         scale, right, left = self.n_total / n_sample, self.basis.right, self.basis.left
         if self.basis.kind == "random":  # T = s I: fold s^2 into the scale instead of scaling M x r matrices
             scale, right, left = scale * self.basis.scale ** 2, None, None

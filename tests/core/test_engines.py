@@ -501,3 +501,27 @@ def test_callback_sees_the_converged_model(solver, name, features):
                  callback=lambda info: seen.append(info["alpha"].clone()) and False)
     assert m.result.status == "converged" and seen
     torch.testing.assert_close(seen[-1], m.result.alpha, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("svd", [True, False])
+@pytest.mark.parametrize("block", [2**22, 700])  # one block; blocks of 7 rows (M = 300, r = 100) for the in-place maps
+def test_nystrom_preconditioner_is_exact_on_a_low_rank_hessian(svd, block, monkeypatch):
+    """With ``Phi^T W Phi`` of rank 20 below the sketch's rank 100, the randomized Nystrom approximation is exact, so
+    the preconditioner's inverse is ``(I + Phi^T W Phi)^{-1}`` itself (checked against a dense solve), through the
+    CPU's SVD and the GPU's eigen route alike, whatever the row blocks of the in-place triangular solve and factor."""
+    import joker_ext.primal_newton as pn
+
+    monkeypatch.setattr(pn, "IN_PLACE_BLOCK", block)
+    g = torch.Generator().manual_seed(0)
+    n, M, k = 500, 300, 20
+    Phi = torch.randn(n, k, generator=g, dtype=F64) @ torch.randn(k, M, generator=g, dtype=F64) / 10
+    w = torch.rand(n, generator=g, dtype=F64) + 0.5
+    H = torch.eye(M, dtype=F64) + Phi.T @ (w[:, None] * Phi)
+
+    def rows():
+        for s in range(0, n, 128):
+            yield torch.arange(s, min(s + 128, n)), Phi[s:s + 128]
+
+    P = pn.NystromPreconditioner.sketch(rows, w, M, 100, 1.0, torch.Generator().manual_seed(1), svd=svd)
+    v = torch.randn(M, generator=g, dtype=F64)
+    torch.testing.assert_close(P.apply(v), torch.linalg.solve(H, v), rtol=1e-7, atol=1e-9)
