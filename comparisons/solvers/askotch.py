@@ -77,7 +77,7 @@ def nystrom_approximation(M: torch.Tensor, rank: int, gen: torch.Generator) -> T
     r = min(rank, p)
     Omega = torch.randn(p, r, generator=gen, dtype=torch.float64).to(device=M.device, dtype=M.dtype)
     Omega, _ = torch.linalg.qr(Omega)
-    nu = torch.finfo(M.dtype).eps * float(M.diagonal().sum())
+    nu = torch.finfo(M.dtype).eps * M.diagonal().sum()  # a 0-d tensor: no read-back to the host on a GPU
     Y = M @ Omega
     for _ in range(8):
         Ynu = Y + nu * Omega
@@ -86,7 +86,7 @@ def nystrom_approximation(M: torch.Tensor, rank: int, gen: torch.Generator) -> T
         Lc, info = torch.linalg.cholesky_ex(G)
         if int(info) == 0:
             break
-        nu = max(nu * 10.0, torch.finfo(M.dtype).eps)
+        nu = (nu * 10.0).clamp_min(torch.finfo(M.dtype).eps)
     else:  # pragma: no cover - M far from PSD
         raise RuntimeError("Nystrom approximation: the sketch is not positive definite")
     B = torch.linalg.solve_triangular(Lc, Ynu.T, upper=False).T  # Y_nu C^{-1} with C = Lc^T
@@ -95,27 +95,28 @@ def nystrom_approximation(M: torch.Tensor, rank: int, gen: torch.Generator) -> T
     return U, L
 
 
-def _precond_apply(U: torch.Tensor, L: torch.Tensor, rho: float, g: torch.Tensor, power: float = -1.0) -> torch.Tensor:
-    """``(U diag(L) U^T + rho I)^power g`` for power -1 or -1/2 (Woodbury, U orthonormal)."""
+def _precond_apply(U: torch.Tensor, L: torch.Tensor, rho, g: torch.Tensor, power: float = -1.0) -> torch.Tensor:
+    """``(U diag(L) U^T + rho I)^power g`` for power -1 or -1/2 (Woodbury, U orthonormal; ``rho`` a float or a 0-d
+    tensor)."""
     Ug = U.T @ g
     scale = (L + rho).pow(power).unsqueeze(1)
     return U @ (scale * Ug) + rho ** power * (g - U @ Ug)
 
 
-def _get_L(H: torch.Tensor, U: torch.Tensor, L: torch.Tensor, rho: float, gen: torch.Generator,
-           iters: int = 10) -> float:
-    """Power estimate of ``lambda_1((P + rho I)^{-1/2} H (P + rho I)^{-1/2})`` (seed 004, Algorithm 3)."""
+def _get_L(H: torch.Tensor, U: torch.Tensor, L: torch.Tensor, rho, gen: torch.Generator,
+           iters: int = 10) -> torch.Tensor:
+    """Power estimate of ``lambda_1((P + rho I)^{-1/2} H (P + rho I)^{-1/2})`` (seed 004, Algorithm 3), as a 0-d
+    tensor at least 1e-300. Nothing is read back to the host: on a GPU the iterations queue without waiting (a
+    zero iterate stays zero, and its estimate 0 becomes 1e-300, as a stop at that iteration would give)."""
     v = torch.randn(H.shape[0], 1, generator=gen, dtype=torch.float64).to(device=H.device, dtype=H.dtype)
     v = v / v.norm()
-    est = 0.0
+    est = torch.zeros((), dtype=H.dtype, device=H.device)
+    tiny = torch.finfo(H.dtype).tiny
     for _ in range(iters):
         w = _precond_apply(U, L, rho, H @ _precond_apply(U, L, rho, v, -0.5), -0.5)
-        est = float((v * w).sum())
-        nrm = w.norm()
-        if float(nrm) == 0.0:
-            break
-        v = w / nrm
-    return max(est, 1e-300)
+        est = (v * w).sum()
+        v = w / w.norm().clamp_min(tiny)
+    return est.clamp_min(1e-300)
 
 
 class ASkotch:
@@ -246,7 +247,7 @@ class ASkotch:
             Kbb = 0.5 * (Kbb + Kbb.T)
             U, Lr = nystrom_approximation(Kbb, r, gen)
             if self.rho == "damped":
-                rho = self.lam + float(Lr[-1])
+                rho = self.lam + Lr[-1]  # 0-d tensors from here on: no read-back per iteration
             elif self.rho == "regularization":
                 rho = self.lam
             else:

@@ -394,3 +394,24 @@ def test_bad_fit_inputs_are_named():
         EigenPro2(k, n_nystrom=20).fit(X, np.zeros(10))
     with pytest.raises(RuntimeError, match="not fitted"):
         EigenPro2(k).predict(X)
+
+
+def test_askotch_step_constant_is_the_preconditioned_top_eigenvalue():
+    """get_L (seed 004, Algorithm 3), computed on the device without read-backs, against the top eigenvalue of
+    ``(P + rho I)^{-1/2} H (P + rho I)^{-1/2}`` formed densely; ``rho`` as a float or a 0-d tensor alike."""
+    from joker_ext.comparisons.solvers.askotch import _get_L, nystrom_approximation
+
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(120, 4, generator=g, dtype=torch.float64)
+    K = GaussianKernel(1.5)(X, X)
+    H = K + 0.01 * torch.eye(120, dtype=torch.float64)
+    U, L = nystrom_approximation(K, 30, torch.Generator().manual_seed(1))
+    rho = 0.01 + float(L[-1])
+    P = U @ torch.diag(L) @ U.T + rho * torch.eye(120, dtype=torch.float64)
+    lam, V = torch.linalg.eigh(P)
+    P_half_inv = V @ torch.diag(lam.rsqrt()) @ V.T
+    top = float(torch.linalg.eigvalsh(P_half_inv @ H @ P_half_inv)[-1])
+    for r in (rho, torch.tensor(rho, dtype=torch.float64)):
+        est = _get_L(H, U, L, r, torch.Generator().manual_seed(2), iters=200)
+        assert torch.is_tensor(est) and est.dim() == 0
+        assert float(est) == pytest.approx(top, rel=1e-6)
