@@ -115,8 +115,8 @@ def summarise(rows: Sequence[Dict[str, Any]]) -> "OrderedDict[str, List[Dict[str
             ok = [r for r in rs if r.get("status") == "ok"]
             base = dict(ok[0] if ok else rs[-1])
             if ok:
-                for k in ("fit_seconds", "predict_seconds", "peak_rss_mb", "fit_rss_mb", "peak_gpu_mb", "metric", "rmse",
-                          "mae", "rel_error", "accuracy", "auc"):
+                for k in ("fit_seconds", "predict_seconds", "peak_rss_mb", "fit_rss_mb", "peak_gpu_mb", "metric",
+                          "rmse", "mae", "rel_error", "accuracy", "auc"):
                     vals = [_num(r.get(k)) for r in ok]
                     vals = [v for v in vals if not math.isnan(v)]
                     base[k] = sum(vals) / len(vals) if vals else math.nan
