@@ -54,8 +54,7 @@ def exact_rows(n: int, seed: int = 0, C: float = 10.0, losses=None, device: str 
     Xc = (Xc - Xc.mean(0)) / Xc.std(0)
     gamma = 0.05
     print(f"exact kernels, n = {n}, C = {C}, gamma = {gamma}, float64, joker on {device} (time ratio = joker / "
-          f"scikit-learn; each "
-          f"side timed as the best of {REPEATS} fits where there is a scikit-learn row)")
+          f"scikit-learn; each side timed as the best of {REPEATS} fits where there is a scikit-learn row)")
     cases = [
         ("squared", X, y, dict(loss="squared"), lambda: KernelRidge(alpha=1.0 / C, kernel="rbf", gamma=gamma)),
         ("hinge + intercept", Xc, yc, dict(loss="hinge", fit_intercept=True), lambda: SVC(C=C, gamma=gamma)),
