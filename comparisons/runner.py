@@ -36,7 +36,6 @@ import json
 import math
 import multiprocessing as mp
 import os
-import resource
 import sys
 import tempfile
 import time
@@ -51,6 +50,7 @@ from joker_ext.validation import check_choice, check_positive, check_positive_in
 
 from . import spec as _spec
 from .backends import BACKEND_MODULES, backend_class
+from .benchmarks._process import maxrss_mb, reset_peak, status_mb
 from .spec import TASKS, ExperimentSpec
 
 __all__ = [
@@ -293,28 +293,11 @@ def resolve_sigma(spec: ExperimentSpec, prep: PreparedData) -> float:
 
 
 # ---------------------------------------------------------------------------- one run (in the child)
-def _reset_peak_rss() -> bool:
-    """Reset this process's resident-set high-water mark to its current resident set (Linux); False elsewhere."""
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-        return True
-    except OSError:
-        return False
-
-
 def _maxrss_mb() -> float:
-    """Peak resident set of this process in MB: ``VmHWM`` where /proc has it (see :func:`_reset_peak_rss`),
-    else ``getrusage``'s ``ru_maxrss``."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return r / 1024.0 if sys.platform != "darwin" else r / 1024.0 / 1024.0
+    """Peak resident set of this process in MB: ``VmHWM`` where /proc has it (reset at a run's start by
+    :func:`~joker_ext.comparisons.benchmarks._process.reset_peak`), else ``getrusage``'s ``ru_maxrss``."""
+    peak = status_mb("VmHWM")
+    return maxrss_mb() if math.isnan(peak) else peak
 
 
 class _GpuPeak:
@@ -375,7 +358,7 @@ def run_one(job: Dict[str, Any]) -> Dict[str, Any]:
     prep = PreparedData(**job["data"])
     result: Dict[str, Any] = {"status": "ok", "notes": [], "params": {}, "trace": [], "error": ""}
     backend = None
-    _reset_peak_rss()  # this run's own mark, not the parent's (spawn)
+    reset_peak()  # this run's own mark, not the parent's (spawn)
     try:
         X_train, y_train, X_test, y_test = prep.load()
         problem = Problem(task=prep.task, n_train=prep.n_train, n_test=prep.n_test, n_features=prep.n_features,
