@@ -754,7 +754,10 @@ class JokerFalkon(_FalkonFace):
     error_fn : callable(Y, pred) -> error or (error, name), optional
         Printed every ``error_every`` iterations on ``(Xts, Yts)`` when given, else on the training data, in
         Falkon's format; the values go to ``val_errors_`` and the times to ``fit_times_``. Raising
-        Falkon's ``StopOptimizationException`` stops the fit.
+        Falkon's ``StopOptimizationException`` stops the fit. With the Newton engines an iteration is a Newton
+        iteration, the last one (the fitted model) included; for the squared loss the fit is a single
+        conjugate-gradient run, so the reports are its start and the fitted model (Falkon reports each of its
+        CG iterations).
     error_every : int or None, default 1
     weight_fn : callable(Y, X, indices) -> weights (n,) or (n, 1), optional
         Sample weights ``w_i`` (Falkon's weighted least squares): ``c_i = C w_i``.
