@@ -40,14 +40,11 @@ RESIDUAL_TOL = 1e-9
 TO_BOUNDARY = 0.995
 
 
-def _step_length(pairs) -> float:
-    """Largest ``t <= 1`` keeping every ``x + t dx`` of ``pairs = [(x, dx), ...]`` nonnegative."""
-    t = 1.0
-    for x, dx in pairs:
-        neg = dx < 0
-        if bool(neg.any()):
-            t = min(t, float((-x[neg] / dx[neg]).min()))
-    return t
+def _step_length(x: torch.Tensor, dx: torch.Tensor) -> float:
+    """Largest ``t <= 1`` keeping ``x + t dx`` nonnegative (elementwise, ``x >= 0``)."""
+    neg = dx < 0
+    ratio = torch.where(neg, -x / torch.where(neg, dx, -torch.ones_like(dx)), torch.ones_like(x))
+    return min(1.0, float(ratio.min()))
 
 
 def solve_box_qp(Q: torch.Tensor, lin: torch.Tensor, kink: float, lo: torch.Tensor, hi: torch.Tensor,
@@ -124,13 +121,12 @@ class _Variables:
         return S_u, S_v, torch.where(self.split, S_u * S_v / (S_u + S_v), S_u)
 
     def longest_step(self, s, z, du, dv, dz) -> float:
-        """Largest ``t <= 1`` keeping every slack and multiplier nonnegative along ``(du, dv, dz)``."""
-        pairs = [(s[0], du), (s[1], -du), (z[0], dz[0]), (z[1], dz[1])]
-        split = self.split
-        if bool(split.any()):
-            pairs += [(s[2][split], dv[split]), (s[3][split], -dv[split]), (z[2][split], dz[2][split]),
-                      (z[3][split], dz[3][split])]
-        return _step_length(pairs)
+        """Largest ``t <= 1`` keeping every slack and multiplier nonnegative along ``(du, dv, dz)`` (the v parts
+        only where they exist); one reduction, one number read back."""
+        zero = torch.zeros_like(du)
+        x = torch.stack([s[0], s[1], z[0], z[1], s[2], s[3], z[2], z[3]])
+        d = torch.stack([du, -du, dz[0], dz[1]] + [torch.where(self.split, e, zero) for e in (dv, -dv, dz[2], dz[3])])
+        return _step_length(x, d)
 
 
 def _direction(var: _Variables, L, ga, eta: float, s, z, curv, r_p: float, total, target: float, products=None):
