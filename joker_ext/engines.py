@@ -270,14 +270,16 @@ class Monitor:
     def stop_reason(self, rec: dict, state, alpha, interrupted: bool) -> Optional[str]:
         """'converged', 'callback', 'max_time' or 'interrupted' when the loop should end, else None.
 
-        The callback also sees the converged iterate (the model the fit returns; a Falkon ``error_fn`` reports
-        it, as Falkon's last iteration), and 'converged' then stands whatever it returns."""
+        The callback is called every ``options.callback_every`` iterations (every iteration when None) and at the
+        converged iterate (the model the fit returns; a Falkon ``error_fn`` reports it, as Falkon's last
+        iteration), where 'converged' stands whatever it returns."""
         it = rec["iteration"]
         if self.snapshot is not None and self.snapshot_every and it % self.snapshot_every == 0:
             state_out, alpha_out = self._reported(state, alpha)
             self.snapshot({"alpha": alpha_out, "state": state_out, "radius": None, "iteration": it, "rng_state": None})
         converged = rec["rel_gap"] <= self.options.tol
-        if self.callback is not None:
+        every = self.options.callback_every
+        if self.callback is not None and (converged or not every or it % every == 0):
             info = dict(rec)
             state_out, alpha_out = self._reported(state, alpha)
             info.update(alpha=alpha_out, state=state_out, radius=None, rng_state=None)

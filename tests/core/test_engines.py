@@ -525,3 +525,22 @@ def test_nystrom_preconditioner_is_exact_on_a_low_rank_hessian(svd, block, monke
     P = pn.NystromPreconditioner.sketch(rows, w, M, 100, 1.0, torch.Generator().manual_seed(1), svd=svd)
     v = torch.randn(M, generator=g, dtype=F64)
     torch.testing.assert_close(P.apply(v), torch.linalg.solve(H, v), rtol=1e-7, atol=1e-9)
+
+
+@pytest.mark.parametrize("solver, name, features", [("newton", "logistic", True), ("newton", "logistic", False),
+                                                    ("working_set", "hinge", False)])
+def test_callback_every_is_honoured_by_the_newton_type_engines(solver, name, features):
+    """``callback_every = 2``: the callback sees the even iterations and the converged one (it was called at every
+    iteration: JokerFalkon's ``error_every`` did nothing with its default engine)."""
+    loss, X, y = _problem(name, n=300, seed=4)
+    kernel = GaussianKernel(1.0)
+    seen = []
+    m = fit_dual(torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1), loss=loss,
+                 c=torch.full((300,), 50.0, dtype=F64), kernel=kernel,
+                 feature_map=make_feature_map(kernel, 128, seed=0) if features else None,
+                 options=SolverOptions(max_iter=3000, tol=1e-10, callback_every=2), solver=solver,
+                 callback=lambda info: seen.append(info["iteration"]) and False)
+    last = m.result.n_iter
+    assert m.result.status == "converged" and last >= 3
+    assert seen[-1] == last and all(i % 2 == 0 for i in seen[:-1])
+    assert seen[0] <= 2 and seen[:-1] == list(range(seen[0], seen[-2] + 1, 2))  # none skipped (engines start at 0 or 1)
