@@ -536,7 +536,8 @@ class _FalkonFace(BaseEstimator):
         weights ``w`` (``c = C w``).
 
         Falkon's iteration counts translate by engine: a Newton engine runs at most ``iterations`` (else
-        ``epochs``) Newton iterations, Falkon's own outer iterations, and reports every ``callback_every``;
+        ``epochs``) Newton iterations, Falkon's own outer iterations, and reports every ``callback_every`` (and,
+        for the squared loss, every ``callback_every`` iterations of its single CG run, as Falkon does);
         DBCD-TR runs ``epochs`` passes over the blocks, checks the gap every iteration (exact kernel) or every
         few epochs (features: the gap needs a pass over the data) and reports every ``callback_epochs``."""
         shards, opt = prep["shards"], prep["opt"]
@@ -548,7 +549,7 @@ class _FalkonFace(BaseEstimator):
             max_time=self.max_time, verbose=opt["verbose"], dtype=prep["dtype"], device=opt["device"],
             solver=getattr(self, "solver", "auto"), intercept=self._fit_intercept(),
             distributed=shards.distributed, chunk_rows=prep["chunk_rows"], backend=opt["backend"],
-            callback_every=callback_every)
+            callback_every=callback_every, callback_cg_every=callback_every)
         if plan.solver != "dbcd_tr":
             return plan
         nb = math.ceil(n / prep["block_size"])
@@ -616,7 +617,8 @@ class _FalkonFace(BaseEstimator):
 
         def callback(info: dict) -> bool:
             t0 = time.perf_counter()
-            epoch = info["iteration"] // nb  # in Falkon iterations
+            # in Falkon iterations: CG iterations where the engine counts them (the squared loss's one CG run)
+            epoch = info["cg_iterations"] if "cg_iterations" in info else info["iteration"] // nb
             elapsed = t_prep + info["time"] - spent[0]
             self.fit_times_.append(elapsed)
             model = KernelModel(prep["kernel"], prep["feature_map"], _block(X, prep), info["alpha"],
@@ -755,9 +757,9 @@ class JokerFalkon(_FalkonFace):
         Printed every ``error_every`` iterations on ``(Xts, Yts)`` when given, else on the training data, in
         Falkon's format; the values go to ``val_errors_`` and the times to ``fit_times_``. Raising
         Falkon's ``StopOptimizationException`` stops the fit. With the Newton engines an iteration is a Newton
-        iteration, the last one (the fitted model) included; for the squared loss the fit is a single
-        conjugate-gradient run, so the reports are its start and the fitted model (Falkon reports each of its
-        CG iterations).
+        iteration, the last one (the fitted model) included; for the squared loss, whose fit is a single
+        conjugate-gradient run, it is a CG iteration of that run, as in Falkon (the iterate's weights, reported
+        every ``error_every`` CG iterations, then the fitted model).
     error_every : int or None, default 1
     weight_fn : callable(Y, X, indices) -> weights (n,) or (n, 1), optional
         Sample weights ``w_i`` (Falkon's weighted least squares): ``c_i = C w_i``.

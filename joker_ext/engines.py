@@ -256,38 +256,58 @@ class Monitor:
         self.history: List[dict] = []
         self.t0 = time.perf_counter()
 
-    def record(self, iteration: int, primal: float, dual: float, gap: float, state, alpha, **extra) -> dict:
-        """Append a history record (relative gap ``gap / max(|primal|, |dual|)``) and return it."""
+    def _make_record(self, iteration: int, primal: float, dual: float, gap: float, extra: dict) -> dict:
         scale = max(abs(primal), abs(dual), self.tiny)
         rec = {"iteration": iteration, "time": time.perf_counter() - self.t0, "primal": primal, "dual": dual,
                "gap": gap, "rel_gap": gap / scale if math.isfinite(gap) else math.inf}
         rec.update(extra)
+        return rec
+
+    def record(self, iteration: int, primal: float, dual: float, gap: float, state, alpha, **extra) -> dict:
+        """Append a history record (relative gap ``gap / max(|primal|, |dual|)``) and return it."""
+        rec = self._make_record(iteration, primal, dual, gap, extra)
         if self.validation is not None:
             rec["validation"] = float(self.validation(*self._reported(state, alpha)))
         self.history.append(rec)
         return rec
 
-    def stop_reason(self, rec: dict, state, alpha, interrupted: bool) -> Optional[str]:
+    def report_inner(self, iteration: int, primal: float, dual: float, gap: float, state, alpha,
+                     **extra) -> Optional[str]:
+        """Hand the callback an iterate between two records (e.g. inside a conjugate-gradient run; not kept in
+        the history): 'callback' or 'interrupted' when the fit should stop, else None."""
+        if self.callback is None:
+            return None
+        reason = self._call(self._make_record(iteration, primal, dual, gap, extra), state, alpha)
+        return self._interrupted(iteration) if reason == "interrupted" else reason
+
+    def _call(self, rec: dict, state, alpha) -> Optional[str]:
+        """The callback on ``rec`` and the iterate: 'callback' when it asks to stop, 'interrupted' on a
+        KeyboardInterrupt inside it, else None."""
+        info = dict(rec)
+        state_out, alpha_out = self._reported(state, alpha)
+        info.update(alpha=alpha_out, state=state_out, radius=None, rng_state=None)
+        try:
+            return "callback" if self.callback(info) else None
+        except KeyboardInterrupt:
+            return "interrupted"
+
+    def stop_reason(self, rec: dict, state, alpha, interrupted: bool, report: bool = True) -> Optional[str]:
         """'converged', 'callback', 'max_time' or 'interrupted' when the loop should end, else None.
 
         The callback is called every ``options.callback_every`` iterations (every iteration when None) and at the
         converged iterate (the model the fit returns; a Falkon ``error_fn`` reports it, as Falkon's last
-        iteration), where 'converged' stands whatever it returns."""
+        iteration), where 'converged' stands whatever it returns; not when ``report`` is False (the caller
+        has just handed it this iterate through :meth:`report_inner`)."""
         it = rec["iteration"]
         if self.snapshot is not None and self.snapshot_every and it % self.snapshot_every == 0:
             state_out, alpha_out = self._reported(state, alpha)
             self.snapshot({"alpha": alpha_out, "state": state_out, "radius": None, "iteration": it, "rng_state": None})
         converged = rec["rel_gap"] <= self.options.tol
         every = self.options.callback_every
-        if self.callback is not None and (converged or not every or it % every == 0):
-            info = dict(rec)
-            state_out, alpha_out = self._reported(state, alpha)
-            info.update(alpha=alpha_out, state=state_out, radius=None, rng_state=None)
-            try:
-                if self.callback(info) and not converged:
-                    return "callback"
-            except KeyboardInterrupt:
-                return "converged" if converged else self._interrupted(it)
+        if self.callback is not None and report and (converged or not every or it % every == 0):
+            reason = self._call(rec, state, alpha)
+            if reason is not None and not converged:
+                return self._interrupted(it) if reason == "interrupted" else reason
         if converged:
             return "converged"
         if self.options.max_time is not None and time.perf_counter() - self.t0 >= self.options.max_time:

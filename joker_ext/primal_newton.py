@@ -578,15 +578,57 @@ def _gap_test(loss: Loss, Y, c_col, beta, F, tol: float, shards: SingleProcess):
     certifies the gap from scratch.)
     """
     def still_open(D, Z, R):
-        b, f = beta + D, F + Z
-        a, _ = loss.smoothed_dual(f, Y, c_col)
-        loss_terms, conj_terms = shards.sum_many((c_col * loss.value(Y, f)).sum(0),
-                                                 loss.conj(a, Y, c_col).sum(0))
-        primal = 0.5 * (b * b).sum(0) + loss_terms
-        phi_a = b + R
-        dual = 0.5 * (phi_a * phi_a).sum(0) + conj_terms
+        primal, dual, _ = _quadratic_certificate(loss, Y, c_col, beta + D, F + Z, R, shards)
         return primal + dual > tol * torch.maximum(primal.abs(), dual.abs())
     return still_open
+
+
+def _quadratic_certificate(loss: Loss, Y, c_col, b, f, R, shards: SingleProcess):
+    """``(primal, dual, a)`` per column at the weights ``b`` with ``f = Phi b`` and the dual point ``a = a(f)`` of a
+    quadratic primal, where the CG residual gives ``Phi^T a = b + R`` (see :func:`_gap_test`): O(n + M)."""
+    a, _ = loss.smoothed_dual(f, Y, c_col)
+    loss_terms, conj_terms = shards.sum_many((c_col * loss.value(Y, f)).sum(0), loss.conj(a, Y, c_col).sum(0))
+    primal = 0.5 * (b * b).sum(0) + loss_terms
+    phi_a = b + R
+    dual = 0.5 * (phi_a * phi_a).sum(0) + conj_terms
+    return primal, dual, a
+
+
+class _InnerReports:
+    """Hands the callback the iterate of the quadratic path's conjugate gradients every ``every`` CG iterations
+    (``SolverOptions.callback_cg_every``), by wrapping the gap test that :func:`_pcg` calls after each of them.
+    Each report synchronises with the device (the callback reads the iterate). Once a report asks to stop, every
+    column closes, and :attr:`stop` holds the reason for the engine to act on after the next certificate."""
+
+    def __init__(self, every: int):
+        self.every = every
+        self.total = 0  # CG iterations of the fit so far
+        self.stop: Optional[str] = None
+        self.last = -1  # ``total`` at the last report
+
+    def wrap(self, still_open, report):
+        """``still_open`` that also calls ``report(D, Z, R, total)`` every ``every`` CG iterations."""
+        def observed(D, Z, R):
+            self.total += 1
+            if self.stop is None and self.total % self.every == 0:
+                self.last = self.total
+                self.stop = report(D, Z, R, self.total)
+            is_open = still_open(D, Z, R)
+            return is_open & (self.stop is None)
+        return observed
+
+
+def _inner_reporter(mon: Monitor, loss: Loss, Y, c_col, beta, F, basis, shards: SingleProcess, it: int, passes):
+    """``report(D, Z, R, total)`` for :class:`_InnerReports`: the iterate ``beta + D`` of Newton iteration ``it``,
+    its dual point and certificate (:func:`_quadratic_certificate`) to :meth:`Monitor.report_inner`; returns the
+    stop reason all processes agree on."""
+    def report(D, Z, R, total):
+        b = beta + D
+        primal, dual, a = _quadratic_certificate(loss, Y, c_col, b, F + Z, R, shards)
+        p, d = float(primal.sum()), float(dual.sum())
+        return shards.agree(mon.report_inner(it, p, d, p + d, {"beta": basis.to_external(b)}, a,
+                                             passes=passes.passes, cg_iterations=total))
+    return report
 
 
 def _line_search(loss: Loss, Y, c_col, beta, D, F, Z, grad, smoothing: float,
@@ -687,6 +729,10 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
     status, it, rec, alpha = "max_iter", start_iter, None, torch.zeros(n, T, dtype=dtype, device=device)
     state = {"beta": basis.to_external(beta)}
     precond, precond_w = None, None
+    # the quadratic path's CG iterates go to the callback too, when asked (and counted in every record)
+    inner = _InnerReports(opts.callback_cg_every) if quadratic and callback is not None and opts.callback_cg_every \
+        else None
+    reported = False  # the iterate was just handed to the callback by an inner report
     with sigint_as_flag(opts.handle_sigint) as sig:
         try:
             while True:
@@ -694,8 +740,12 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
                 alpha, state = g["A"], {"beta": basis.to_external(beta)}
                 gap = g["primal"] + g["dual"]
                 rel = gap / torch.maximum(g["primal"].abs(), g["dual"].abs()).clamp_min(torch.finfo(dtype).tiny)
+                extra = {} if inner is None else {"cg_iterations": inner.total}
                 rec = mon.record(it, float(g["primal"].sum()), float(g["dual"].sum()), float(gap.sum()), state, alpha,
-                                 smoothing=smoothing.value, passes=passes.passes)
+                                 smoothing=smoothing.value, passes=passes.passes, **extra)
+                if inner is not None and inner.stop is not None:
+                    status = inner.stop  # a report inside the CG run asked to stop: this certificate ends the fit
+                    break
                 if smoothing.active:
                     solve_error = 0.5 * float((g["grad"] * g["grad"]).sum())
                     if smoothing.solved(solve_error, float(g["share"].sum())):
@@ -703,7 +753,7 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
                         center = g["A"]
                         shift = smoothing.value * center / c_col
                         continue  # re-evaluate at the new centre before stepping
-                reason = shards.agree(mon.stop_reason(rec, state, alpha, sig.flag))
+                reason = shards.agree(mon.stop_reason(rec, state, alpha, sig.flag, report=not reported))
                 if reason is not None or it >= opts.max_iter:
                     status = reason or "max_iter"
                     break
@@ -716,10 +766,15 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
                     # the gap test decides; no float32 floor (a recurrence that drifts is caught by the
                     # next gradient pass, which is float64)
                     eta, still_open = opts.newton_cg_tol, _gap_test(loss, Y, c_col, beta, g["F"], opts.tol, shards)
+                    if inner is not None:
+                        still_open = inner.wrap(still_open, _inner_reporter(mon, loss, Y, c_col, beta, g["F"], basis,
+                                                                            shards, it, passes))
                 else:
                     eta, still_open = min(0.1, max(cg_floor, math.sqrt(max(float(rel.max()), 0.0)))), None
                 D, Z = _pcg(passes, g["grad"], g["W"], precond, eta, opts.max_cg, still_open)
                 t = _line_search(loss, Y, c_col, beta, D, g["F"], Z, g["grad"], smoothing.value, shards, shift)
+                # the next record's iterate is the last one reported when the step was whole and CG ended there
+                reported = inner is not None and inner.last == inner.total and t == 1.0
                 it += 1
                 if t is None:
                     if smoothing.active and smoothing.update(0.0, 1.0):

@@ -97,6 +97,11 @@ class SolverOptions:
         the gap is O(n); once per epoch for features, where it needs a pass over the data).
     callback_every : int, optional
         Iterations between callback calls (default: ``check_every``).
+    callback_cg_every : int, optional
+        Feature Newton engine on a quadratic primal (the squared loss), whose fit is one conjugate-gradient
+        run: also hand the callback the iterate every this many CG iterations of that run (its weights, its
+        dual point and the duality gap from the CG residual; ``info['cg_iterations']`` counts them). None:
+        callbacks at Newton iterations only.
     seed : int
         Seed of the partition and the block choice.
     verbose : bool
@@ -133,6 +138,7 @@ class SolverOptions:
     newton_tol: float = 1e-2
     check_every: Optional[int] = None
     callback_every: Optional[int] = None
+    callback_cg_every: Optional[int] = None
     seed: int = 0
     verbose: bool = False
     handle_sigint: bool = True

@@ -218,8 +218,10 @@ def _joker_class():
 class _CGTrace:
     """Test RMSE of the iterate inside the conjugate gradients of the quadratic path, every ``every`` CG iterations.
 
-    The squared loss is solved by one CG run (:mod:`joker_ext.primal_newton`), so JokerFalkon's ``error_fn``
-    (once per Newton iteration) sees only its start and its end. While active, this wraps the engine's
+    The squared loss is solved by one CG run (:mod:`joker_ext.primal_newton`). JokerFalkon's ``error_fn`` saw only
+    its start and its end until the engine learnt to report CG iterates (``SolverOptions.callback_cg_every``,
+    which JokerFalkon now sets to ``error_every``); this instrumentation, used for the H200 run of 26 November,
+    needs neither. While active, it wraps the engine's
     ``_gap_test`` (to learn the Newton iterate ``beta``) and ``_pcg`` (whose gap test is called after every CG
     iteration with the step ``D`` so far): every ``every`` calls it synchronises, predicts the test rows with
     ``beta + D`` (what the fit would return if it stopped there) and records ``(time, RMSE, CG iteration)``;

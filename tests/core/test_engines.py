@@ -544,3 +544,53 @@ def test_callback_every_is_honoured_by_the_newton_type_engines(solver, name, fea
     assert m.result.status == "converged" and last >= 3
     assert seen[-1] == last and all(i % 2 == 0 for i in seen[:-1])
     assert seen[0] <= 2 and seen[:-1] == list(range(seen[0], seen[-2] + 1, 2))  # none skipped (engines start at 0 or 1)
+
+
+def _squared_feature_problem(n=3000, M=400, C=10.0):
+    g = torch.Generator().manual_seed(5)
+    X = torch.randn(n, 4, generator=g, dtype=F64)
+    y = torch.sin(2 * X[:, :1]) + 0.2 * torch.randn(n, 1, generator=g, dtype=F64)
+    kernel = GaussianKernel(0.7)
+    fmap = make_feature_map(kernel, M, seed=0)
+    return X, y, kernel, fmap, torch.full((n,), C, dtype=F64)
+
+
+def test_callback_sees_the_cg_iterates_of_the_squared_loss():
+    """``callback_cg_every``: the one CG run of a quadratic primal reports its iterates; each report's weights give
+    predictions ``Phi beta`` and a primal objective that match the independent evaluation at those weights, the
+    counts run 1, 2, 3, ..., and the last report is the returned model (its record is not reported twice)."""
+    X, y, kernel, fmap, c = _squared_feature_problem()
+    seen = []
+    m = fit_dual(X, y, loss=get_loss("squared"), c=c, kernel=kernel, feature_map=fmap, solver="newton",
+                 options=SolverOptions(max_iter=20, tol=1e-9, callback_cg_every=1, newton_rank=20),
+                 callback=lambda info: seen.append(info) and False)
+    res = m.result
+    assert res.status == "converged"
+    inner = [s for s in seen if s["iteration"] == 0 and s["cg_iterations"] > 0]
+    assert len(inner) >= 5 and [s["cg_iterations"] for s in inner] == list(range(1, len(inner) + 1))
+    Phi = fmap(X)
+    for s in inner[::max(1, len(inner) // 4)]:  # the certificate of a report, recomputed from its weights alone
+        beta = s["state"]["beta"]
+        f = Phi @ beta
+        primal = 0.5 * float((beta * beta).sum()) + 0.5 * float((c[:, None] * (y - f) ** 2).sum())
+        assert s["primal"] == pytest.approx(primal, rel=1e-9)
+    torch.testing.assert_close(seen[-1]["state"]["beta"], res.state["beta"], rtol=0, atol=0)
+    assert [s["cg_iterations"] for s in seen].count(seen[-1]["cg_iterations"]) == 1
+
+
+def test_a_cg_report_that_asks_to_stop_ends_the_fit_at_that_iterate():
+    X, y, kernel, fmap, c = _squared_feature_problem()
+    seen = []
+
+    def stop_at_five(info):
+        seen.append(info)
+        return info.get("cg_iterations") == 5
+
+    m = fit_dual(X, y, loss=get_loss("squared"), c=c, kernel=kernel, feature_map=fmap, solver="newton",
+                 options=SolverOptions(max_iter=20, tol=1e-14, callback_cg_every=1, newton_rank=20),
+                 callback=stop_at_five)
+    res = m.result
+    assert res.status == "callback" and res.history[-1]["cg_iterations"] == 5
+    five = next(s for s in seen if s.get("cg_iterations") == 5)
+    torch.testing.assert_close(res.state["beta"], five["state"]["beta"], rtol=1e-12, atol=1e-12)
+    assert res.rel_gap > 1e-10  # stopped early: the certificate says so
