@@ -33,7 +33,9 @@ When the primal is a quadratic (the squared loss: ``w`` does not depend on ``f``
 is the whole solve: its conjugate gradients run until the duality gap at the iterate, which a quadratic
 gives in O(n + M) from the CG residual (:func:`_gap_test`), reaches ``tol``; a second gradient pass
 certifies it. A fit is then ``k + 2`` passes for ``k`` CG iterations, where restarting CG at every
-inexact Newton step would pay a gradient pass and a fresh Krylov space each time.
+inexact Newton step would pay a gradient pass and a fresh Krylov space each time. With
+``SolverOptions.callback_cg_every`` the callback also sees the run's iterates (their certificate is the same
+O(n + M) computation; each report waits for the device), as Falkon's ``error_fn`` sees its CG iterations.
 
 Preconditioner: a randomized Nystrom approximation ``U diag(lam) U^T`` of rank ``r`` of ``Phi^T W Phi``
 (Frangella, Tropp and Udell, 2023), sketched on ``n_s`` sampled rows (scaled by ``n / n_s``), applied as
