@@ -570,7 +570,7 @@ def constant_curvature(loss: Loss, Y: torch.Tensor, c_col: torch.Tensor) -> bool
                                                                     > 0).all())
 
 
-def _gap_test(loss: Loss, Y, c_col, beta, F, tol: float, shards: SingleProcess):
+def _gap_test(loss: Loss, Y, c_col, beta, F, tol: float, shards: SingleProcess, observe=None):
     """``still_open(D, Z, R)`` for :func:`_pcg` on a quadratic primal: the relative duality gap at
     ``beta + D`` is above ``tol``, computed in O(n + M) without a pass.
 
@@ -578,10 +578,17 @@ def _gap_test(loss: Loss, Y, c_col, beta, F, tol: float, shards: SingleProcess):
     with ``f = F + Z``, so ``Phi^T a(f) = beta + D + R`` and the certificate ``P(beta + D) + D(a(f))`` needs
     no product with ``Phi``. (The residual is the recurrence's: the next Newton iteration's gradient pass
     certifies the gap from scratch.)
+
+    ``observe(b, primal, dual, a)``, when given, sees every iterate's certificate (:class:`_InnerReports`); when it
+    returns True every column closes.
     """
     def still_open(D, Z, R):
-        primal, dual, _ = _quadratic_certificate(loss, Y, c_col, beta + D, F + Z, R, shards)
-        return primal + dual > tol * torch.maximum(primal.abs(), dual.abs())
+        b = beta + D
+        primal, dual, a = _quadratic_certificate(loss, Y, c_col, b, F + Z, R, shards)
+        is_open = primal + dual > tol * torch.maximum(primal.abs(), dual.abs())
+        if observe is not None and observe(b, primal, dual, a):
+            is_open = torch.zeros_like(is_open)
+        return is_open
     return still_open
 
 
@@ -598,39 +605,28 @@ def _quadratic_certificate(loss: Loss, Y, c_col, b, f, R, shards: SingleProcess)
 
 class _InnerReports:
     """Hands the callback the iterate of the quadratic path's conjugate gradients every ``every`` CG iterations
-    (``SolverOptions.callback_cg_every``), by wrapping the gap test that :func:`_pcg` calls after each of them.
-    Each report synchronises with the device (the callback reads the iterate). Once a report asks to stop, every
-    column closes, and :attr:`stop` holds the reason for the engine to act on after the next certificate."""
+    (``SolverOptions.callback_cg_every``), as the ``observe`` of :func:`_gap_test`, which :func:`_pcg` calls after
+    each of them with the certificate it computes anyway. Each report synchronises with the device (the callback
+    reads the iterate). Once a report asks to stop, every column closes, and :attr:`stop` holds the reason (agreed
+    by all processes) for the engine to act on after the next certificate. The engine sets :attr:`iteration`, the
+    Newton iteration the run belongs to."""
 
-    def __init__(self, every: int):
-        self.every = every
+    def __init__(self, every: int, mon: Monitor, basis, shards: SingleProcess, passes):
+        self.every, self.mon, self.basis, self.shards, self.passes = every, mon, basis, shards, passes
+        self.iteration = 0
         self.total = 0  # CG iterations of the fit so far
         self.stop: Optional[str] = None
         self.last = -1  # ``total`` at the last report
 
-    def wrap(self, still_open, report):
-        """``still_open`` that also calls ``report(D, Z, R, total)`` every ``every`` CG iterations."""
-        def observed(D, Z, R):
-            self.total += 1
-            if self.stop is None and self.total % self.every == 0:
-                self.last = self.total
-                self.stop = report(D, Z, R, self.total)
-            is_open = still_open(D, Z, R)
-            return is_open & (self.stop is None)
-        return observed
-
-
-def _inner_reporter(mon: Monitor, loss: Loss, Y, c_col, beta, F, basis, shards: SingleProcess, it: int, passes):
-    """``report(D, Z, R, total)`` for :class:`_InnerReports`: the iterate ``beta + D`` of Newton iteration ``it``,
-    its dual point and certificate (:func:`_quadratic_certificate`) to :meth:`Monitor.report_inner`; returns the
-    stop reason all processes agree on."""
-    def report(D, Z, R, total):
-        b = beta + D
-        primal, dual, a = _quadratic_certificate(loss, Y, c_col, b, F + Z, R, shards)
-        p, d = float(primal.sum()), float(dual.sum())
-        return shards.agree(mon.report_inner(it, p, d, p + d, {"beta": basis.to_external(b)}, a,
-                                             passes=passes.passes, cg_iterations=total))
-    return report
+    def __call__(self, b, primal, dual, a) -> bool:
+        self.total += 1
+        if self.stop is None and self.total % self.every == 0:
+            self.last = self.total
+            p, d = float(primal.sum()), float(dual.sum())
+            self.stop = self.shards.agree(self.mon.report_inner(
+                self.iteration, p, d, p + d, {"beta": self.basis.to_external(b)}, a, passes=self.passes.passes,
+                cg_iterations=self.total))
+        return self.stop is not None
 
 
 def _line_search(loss: Loss, Y, c_col, beta, D, F, Z, grad, smoothing: float,
@@ -732,8 +728,8 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
     state = {"beta": basis.to_external(beta)}
     precond, precond_w = None, None
     # the quadratic path's CG iterates go to the callback too, when asked (and counted in every record)
-    inner = _InnerReports(opts.callback_cg_every) if quadratic and callback is not None and opts.callback_cg_every \
-        else None
+    inner = _InnerReports(opts.callback_cg_every, mon, basis, shards, passes) \
+        if quadratic and callback is not None and opts.callback_cg_every else None
     reported = False  # the iterate was just handed to the callback by an inner report
     with sigint_as_flag(opts.handle_sigint) as sig:
         try:
@@ -767,10 +763,10 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
                 if quadratic:
                     # the gap test decides; no float32 floor (a recurrence that drifts is caught by the
                     # next gradient pass, which is float64)
-                    eta, still_open = opts.newton_cg_tol, _gap_test(loss, Y, c_col, beta, g["F"], opts.tol, shards)
                     if inner is not None:
-                        still_open = inner.wrap(still_open, _inner_reporter(mon, loss, Y, c_col, beta, g["F"], basis,
-                                                                            shards, it, passes))
+                        inner.iteration = it
+                    eta = opts.newton_cg_tol
+                    still_open = _gap_test(loss, Y, c_col, beta, g["F"], opts.tol, shards, observe=inner)
                 else:
                     eta, still_open = min(0.1, max(cg_floor, math.sqrt(max(float(rel.max()), 0.0)))), None
                 D, Z = _pcg(passes, g["grad"], g["W"], precond, eta, opts.max_cg, still_open)

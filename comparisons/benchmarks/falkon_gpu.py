@@ -238,9 +238,9 @@ class _CGTrace:
         self.pn, self.orig_gap, self.orig_pcg = pn, pn._gap_test, pn._pcg
         trace, beta = self, {}
 
-        def gap_test(loss, Y, c_col, b, F, tol, shards):
+        def gap_test(loss, Y, c_col, b, F, tol, shards, observe=None):
             beta["b"] = b
-            return trace.orig_gap(loss, Y, c_col, b, F, tol, shards)
+            return trace.orig_gap(loss, Y, c_col, b, F, tol, shards, observe=observe)
 
         def pcg(passes, grad, W, precond, eta, max_cg, still_open=None):
             if still_open is None or "b" not in beta:
