@@ -23,10 +23,11 @@ b. Falkon with ``max_gpu_mem`` calibrated: caps of ``--calib-start`` (default 1/
    with the cap): Joker's peak over Falkon's at the slow cap is an upper bound of the ratio the issue asks for;
 c. ``JokerFalkon(kernel, penalty, M, options=FalkonOptions())`` with its defaults (``features='auto'``),
    and with ``features='cossin'`` and ``features='nystrom'``: a reporting fit (``error_fn`` on the test set
-   after every Newton iteration, the reporting time excluded by wrapping the reporter; with ``--cg-every k``
-   also the CG iterate every ``k`` CG iterations of the squared loss's single CG run, :class:`_CGTrace`)
-   gives the time at which the test RMSE first reaches Falkon's (a) RMSE; a plain fit gives the fit time,
-   the final test RMSE and the peak GPU memory.
+   after every Newton iteration and, for the squared loss, every ``--cg-every`` CG iterations of its single CG
+   run, as Falkon's ``error_fn``; the reporting time excluded by wrapping the reporter) gives the time at which
+   the test RMSE first reaches Falkon's (a) RMSE; a plain fit gives the fit time, the final test RMSE and the
+   peak GPU memory. (The H200 run of 26 November took its CG iterates through an instrumentation of the engine
+   that JokerFalkon's own reports have since replaced: its records hold them as ``cg_trace``.)
 
 Ratios Joker / Falkon come from the same worker (same process, same GPU, same data). Both libraries get
 the training data as float32 CPU tensors (Falkon's usual out-of-core use of a GPU).
@@ -215,73 +216,8 @@ def _joker_class():
     return TimedJokerFalkon
 
 
-class _CGTrace:
-    """Test RMSE of the iterate inside the conjugate gradients of the quadratic path, every ``every`` CG iterations.
-
-    The squared loss is solved by one CG run (:mod:`joker_ext.primal_newton`). JokerFalkon's ``error_fn`` saw only
-    its start and its end until the engine learnt to report CG iterates (``SolverOptions.callback_cg_every``,
-    which JokerFalkon now sets to ``error_every``); this instrumentation, used for the H200 run of 26 November,
-    needs neither. While active, it wraps the engine's
-    ``_gap_test`` (to learn the Newton iterate ``beta``) and ``_pcg`` (whose gap test is called after every CG
-    iteration with the step ``D`` so far): every ``every`` calls it synchronises, predicts the test rows with
-    ``beta + D`` (what the fit would return if it stopped there) and records ``(time, RMSE, CG iteration)``;
-    the time of the recording itself is added to the model's excluded time. Benchmark instrumentation only.
-    """
-
-    def __init__(self, model, Xts, yts, every: int):
-        self.model, self.Xts, self.yts, self.every = model, Xts, yts, max(1, int(every))
-        self.marks = []
-
-    def __enter__(self):
-        from joker_ext import primal_newton as pn
-
-        self.pn, self.orig_gap, self.orig_pcg = pn, pn._gap_test, pn._pcg
-        trace, beta = self, {}
-
-        def gap_test(loss, Y, c_col, b, F, tol, shards, observe=None):
-            beta["b"] = b
-            return trace.orig_gap(loss, Y, c_col, b, F, tol, shards, observe=observe)
-
-        def pcg(passes, grad, W, precond, eta, max_cg, still_open=None):
-            if still_open is None or "b" not in beta:
-                return trace.orig_pcg(passes, grad, W, precond, eta, max_cg, still_open)
-            calls = [0]
-
-            def observed(D, Z, R):
-                calls[0] += 1
-                if calls[0] % trace.every == 0:
-                    trace.record(passes, beta["b"] + D, calls[0])
-                return still_open(D, Z, R)
-
-            return trace.orig_pcg(passes, grad, W, precond, eta, max_cg, observed)
-
-        self.pn._gap_test, self.pn._pcg = gap_test, pcg
-        return self
-
-    def record(self, passes, b_internal, cg_iter: int) -> None:
-        import torch
-
-        m = self.model
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        b = passes.basis.to_external(b_internal)
-        sq, rows = 0.0, 8192
-        for s in range(0, self.Xts.shape[0], rows):
-            Xc = self.Xts[s:s + rows].to(b.device)
-            P = passes.fmap(Xc).to(b.dtype) @ b
-            sq += float(((P[:, 0] - self.yts[s:s + rows, 0].to(b.device, b.dtype)) ** 2).sum())
-        rmse = math.sqrt(sq / self.Xts.shape[0])
-        self.marks.append((t - m.bench_start_ - m.bench_spent_, rmse, cg_iter))
-        m.bench_spent_ += time.perf_counter() - t
-
-    def __exit__(self, *exc):
-        self.pn._gap_test, self.pn._pcg = self.orig_gap, self.orig_pcg
-        return False
-
-
 def _joker_fit(falkon, kernel, cfg, data, cuda: bool, features: str, target: float, report: bool,
-               max_time=None, cg_every: int = 0) -> dict:
+               max_time=None, report_every: int = 1) -> dict:
     import torch
 
     Xtr, ytr, Xts, yts = data
@@ -289,17 +225,16 @@ def _joker_fit(falkon, kernel, cfg, data, cuda: bool, features: str, target: flo
     opt = falkon.FalkonOptions(use_cpu=not cuda)
     kw = dict(seed=0, options=opt, features=features, max_time=max_time)
     if report:
-        kw.update(error_fn=lambda Y, P: _rmse(Y, P), error_every=1)
+        kw.update(error_fn=lambda Y, P: _rmse(Y, P), error_every=report_every)
     model = cls(kernel, cfg["penalty"], cfg["M"], **kw)
     model.bench_marks_, model.bench_spent_ = [], 0.0
     import contextlib
     import io
 
     buf = io.StringIO()
-    cg = _CGTrace(model, Xts, yts, cg_every) if (report and cg_every) else contextlib.nullcontext()
     with _Clock(cuda) as clk:
         model.bench_start_ = clk.t0
-        with contextlib.redirect_stdout(buf), cg:
+        with contextlib.redirect_stdout(buf):
             if report:
                 model.fit(Xtr, ytr, Xts, yts)
             else:
@@ -313,15 +248,12 @@ def _joker_fit(falkon, kernel, cfg, data, cuda: bool, features: str, target: flo
     if report:
         marks = model.bench_marks_
         errs = [float(e) for e in model.val_errors_]
-        out["trace"] = [[round(t, 4), e, h.get("passes"), h.get("rel_gap")] for t, e, h in zip(marks, errs, hist)]
+        # one report per Newton iteration, and for the squared loss per report_every CG iterations of its run
+        out["trace"] = [[round(t, 4), e] for t, e in zip(marks, errs)]
         out["fit_time_excl_reporting"] = clk.time - model.bench_spent_
-        points = list(zip(marks, errs))
-        if cg_every:  # the CG iterates' test RMSE, merged with the Newton iterations' reports by time
-            out["cg_trace"] = [[round(t, 4), e, j] for t, e, j in cg.marks]
-            points = sorted(points + [(t, e) for t, e, _ in cg.marks])
-        hit = [t for t, e in points if e <= target]
+        hit = [t for t, e in zip(marks, errs) if e <= target]
         out["time_to_target"] = hit[0] if hit else None
-        out["best_rmse"] = min(e for _, e in points) if points else None
+        out["best_rmse"] = min(errs) if errs else None
     del model
     return out
 
@@ -403,7 +335,7 @@ def worker(a) -> None:
             mt = a.nystrom_max_time if feats == "nystrom" else None
             try:
                 rep = _joker_fit(falkon, kernel, cfg, data, cuda, feats, target, report=True, max_time=mt,
-                                 cg_every=a.cg_every)
+                                 report_every=a.cg_every)
                 plain = _joker_fit(falkon, kernel, cfg, data, cuda, feats, target, report=False, max_time=mt) \
                     if (feats == "auto" or a.plain_all) else None
             except Exception as exc:
@@ -685,7 +617,7 @@ def render(records) -> str:
                 if rep.get("trace"):
                     tr = ", ".join(f"{t:.2f}s:{e:.4f}" for t, e, *_ in rep["trace"])
                     lines.append(f"- trace {feats} (time excluding reporting: test RMSE): {tr}")
-                if rep.get("cg_trace"):
+                if rep.get("cg_trace"):  # records of the run of 26 November (the benchmark's own CG instrumentation)
                     tr = ", ".join(f"{t:.2f}s:{e:.4f} (CG {j})" for t, e, j in rep["cg_trace"])
                     lines.append(f"- CG iterates {feats} (time excluding reporting: test RMSE): {tr}")
             lines.append("")
@@ -716,9 +648,9 @@ def main(argv=None):
                    help="first cap as a fraction of the uncapped peak (then halved at every step)")
     p.add_argument("--nystrom-max-time", type=float, default=120.0)
     p.add_argument("--target", type=float, default=None, help="RMSE target instead of Falkon's")
-    p.add_argument("--cg-every", type=int, default=0,
-                   help="also record the test RMSE of the CG iterate every this many CG iterations of the squared "
-                        "loss's single CG run (reporting time excluded); 0: Newton iterations only")
+    p.add_argument("--cg-every", type=int, default=1,
+                   help="error_every of the reporting fit: JokerFalkon reports every this many Newton iterations and, "
+                        "for the squared loss, CG iterations of its single CG run (reporting time excluded)")
     p.add_argument("--profile", action="store_true")
     p.add_argument("--old-engine", default=None)
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per configuration")
