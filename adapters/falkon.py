@@ -60,6 +60,7 @@ from joker_ext.losses import Loss, get_loss
 from joker_ext.memory import plan_blocks
 from joker_ext.model import KernelModel
 from joker_ext.plan import RANDOM_FEATURE_MODES, FitPlan, feature_map_for, make_fit_plan
+from joker_ext.primal_newton import plan_memory
 from joker_ext.validation import (
     check_bool,
     check_callable,
@@ -241,7 +242,10 @@ def translate_options(options=None, *, device=None, data_device: Optional[torch.
     ``max_cpu_mem``,            memory budget in bytes (on CPU / GPU), times ``memory_slack``: the
     ``max_gpu_mem``,            largest block size and row chunks whose estimated working set
     ``memory_slack``            (:func:`joker_ext.memory.estimate_fit_memory`, plus the 2 M^2 of the
-                                Nystrom factor) fits; too small a budget raises ValueError
+                                Nystrom factor) fits; with random features and the feature Newton
+                                engine, its preconditioner's rank and the chunks
+                                (:func:`joker_ext.memory.plan_newton`); too small a budget raises
+                                ValueError
     ``debug``                   verbose: the solver's progress bar (and one line per penalty stage
                                 of JokerLogisticFalkon, as LogisticFalkon prints)
     ``keops_active``            backend of the exact mode: 'force' -> KeOps, 'no' -> torch, 'auto' ->
@@ -309,6 +313,13 @@ def translate_options(options=None, *, device=None, data_device: Optional[torch.
             "tol_given": given, "memory": budget}
 
 
+def _default_chunk(mode: str, M: int, b: int) -> int:
+    """Rows of a chunk without a memory budget: about 2**24 numbers (``M`` features, or ``b`` kernel columns
+    in the exact mode), between 64 and :data:`joker_ext.defaults.CHUNK_ROWS` rows."""
+    width = M if mode != "exact" else b
+    return max(64, min(CHUNK_ROWS, (1 << 24) // max(1, width)))
+
+
 def _sizes(mode: str, n: int, d: int, M: int, T: int, itemsize: int, budget: float, block_size: Optional[int],
            loss: Loss, memory_option: str = "max_cpu_mem") -> Tuple[int, int]:
     """Block size and chunk rows: the defaults below, then, for a finite budget (bytes), the largest ones
@@ -327,8 +338,7 @@ def _sizes(mode: str, n: int, d: int, M: int, T: int, itemsize: int, budget: flo
         cap = default_block_size(n, loss)
         b = cap if 4 * M <= cap else max(_MIN_BLOCK, min(cap, M // 4))
     b = max(1, min(b, n))
-    width = M if mode != "exact" else b
-    chunk = max(64, min(CHUNK_ROWS, (1 << 24) // max(1, width)))
+    chunk = _default_chunk(mode, M, b)
     if math.isfinite(budget):
         avail = budget - (2.0 * M * M * itemsize if mode == "nystrom" else 0.0)
         try:
@@ -527,7 +537,8 @@ class _FalkonFace(BaseEstimator):
                                compute_dtype=torch.float32 if X.dtype == torch.float32 and dtype == torch.float64
                                else None)
         return {"opt": opt, "dtype": dtype, "seed": seed, "kernel": kernel, "features": features, "feature_map": fmap,
-                "centers": centers, "block_size": b, "chunk_rows": chunk, "M": M_eff, "shards": shards}
+                "centers": centers, "block_size": b, "chunk_rows": chunk, "M": M_eff, "shards": shards,
+                "X_dim": X.shape[1], "T": T}
 
     def _fit_plan(self, prep: dict, loss: Loss, C: float, w: torch.Tensor, n: int, epochs: int, *,
                   iterations: Optional[int] = None, callback_epochs: Optional[int] = None,
@@ -541,15 +552,36 @@ class _FalkonFace(BaseEstimator):
         DBCD-TR runs ``epochs`` passes over the blocks, checks the gap every iteration (exact kernel) or every
         few epochs (features: the gap needs a pass over the data) and reports every ``callback_epochs``."""
         shards, opt = prep["shards"], prep["opt"]
-        plan = make_fit_plan(
-            prep["kernel"], loss, n=shards.n_total if shards.distributed else n, C=C, sample_weight=w,
-            features=prep["features"], feature_map=prep["feature_map"], seed=prep["seed"],
-            tol=opt["tol"] if opt.get("tol_given", True) else None, default_tol=opt["tol"],
-            second_order_tol=NEWTON_DEFAULT_TOL, block_size=prep["block_size"], max_iter=max(1, iterations or epochs),
-            max_time=self.max_time, verbose=opt["verbose"], dtype=prep["dtype"], device=opt["device"],
-            solver=getattr(self, "solver", "auto"), intercept=self._fit_intercept(),
-            distributed=shards.distributed, chunk_rows=prep["chunk_rows"], backend=opt["backend"],
-            callback_every=callback_every, callback_cg_every=callback_every)
+        solver = getattr(self, "solver", "auto")
+
+        def plan_for(solver):
+            return make_fit_plan(
+                prep["kernel"], loss, n=shards.n_total if shards.distributed else n, C=C, sample_weight=w,
+                features=prep["features"], feature_map=prep["feature_map"], seed=prep["seed"],
+                tol=opt["tol"] if opt.get("tol_given", True) else None, default_tol=opt["tol"],
+                second_order_tol=NEWTON_DEFAULT_TOL, block_size=prep["block_size"],
+                max_iter=max(1, iterations or epochs), max_time=self.max_time, verbose=opt["verbose"],
+                dtype=prep["dtype"], device=opt["device"], solver=solver, intercept=self._fit_intercept(),
+                distributed=shards.distributed, chunk_rows=prep["chunk_rows"], backend=opt["backend"],
+                callback_every=callback_every, callback_cg_every=callback_every)
+
+        plan = plan_for(solver)
+        if plan.solver == "newton" and prep["features"] in RANDOM_FEATURE_MODES and math.isfinite(opt["memory"]):
+            # the engine plans its own rank and chunks for the budget (joker_ext.memory.plan_newton), from the
+            # chunks a budget-free fit would take; where even its smallest do not fit, 'auto' takes DBCD-TR
+            # with the blocks planned for the budget (which needs no M x r factor)
+            plan = plan.replace(max_memory=int(opt["memory"]), chunk_rows=_default_chunk("features", prep["M"], 1))
+            try:
+                plan_memory(prep["feature_map"], n, prep["X_dim"], plan.options.newton_rank, T=prep["T"],
+                            dtype=prep["dtype"], device=opt["device"], max_memory=plan.max_memory,
+                            chunk_rows=plan.chunk_rows)
+                return plan
+            except ValueError as exc:
+                if solver != "auto":
+                    mem = "max_gpu_mem" if opt["device"].type == "cuda" else "max_cpu_mem"
+                    raise ValueError(f"{mem} (times memory_slack: {opt['memory']:.3g} bytes) is too small for "
+                                     f"solver={solver!r}: {exc}") from None
+                plan = plan_for("dbcd_tr")
         if plan.solver != "dbcd_tr":
             return plan
         nb = math.ceil(n / prep["block_size"])

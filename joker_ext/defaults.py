@@ -14,7 +14,7 @@ import math
 
 import torch
 
-__all__ = ["PRECISION_TOL", "ROUNDING_GAP", "WORKING_SET_DTYPE", "FILL_ELEMENTS", "PRACTICAL_TOL", "CONVERGENCE_WARN_GAP",
+__all__ = ["PRECISION_TOL", "ROUNDING_GAP", "WORKING_SET_DTYPE", "FILL_ELEMENTS", "IN_PLACE_BLOCK", "PRACTICAL_TOL", "CONVERGENCE_WARN_GAP",
            "CHUNK_ROWS",
            "BLOCK_SIZE", "LARGE_N_BLOCK_SIZE", "LARGE_N", "LOGISTIC_BLOCK_SIZE", "MIN_BLOCK_ITERATIONS", "BLOCK_EPOCHS",
            "GRAM_MAX", "DIRECT_MAX", "SINGULAR_DIRECT_MAX", "CAUCHY_FACTORS", "SEARCH_FACTORS",
@@ -40,6 +40,11 @@ WORKING_SET_DTYPE = torch.float64
 #: Kernel values the working-set engine's row cache computes at a time (bounds the temporary block of a fill; counted
 #: by :func:`joker_ext.memory.estimate_fit_memory`).
 FILL_ELEMENTS = 2**21
+
+#: Elements of the temporary block of the feature Newton engine's row-wise maps of its ``M x r`` sketch
+#: (:func:`joker_ext.primal_newton._rows_in_place`; 32 MB in float64; counted by
+#: :func:`joker_ext.memory.estimate_fit_memory`).
+IN_PLACE_BLOCK = 2**22
 
 #: Relative gap at which front ends that stop at a practical accuracy stop: the harness's joker backends and
 #: JokerFalkon's Newton engines at Falkon's default ``cg_tolerance``. For the squared loss a gap ``g`` puts the

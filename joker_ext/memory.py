@@ -31,12 +31,13 @@ from typing import Optional, Union
 
 import torch
 
-from .defaults import (CAUCHY_CANDIDATES, CHUNK_ROWS, DIRECT_MAX, FILL_ELEMENTS, GRAM_MAX, SEARCH_CANDIDATES,
-                       WORKING_SET_DTYPE)
+from .defaults import (CAUCHY_CANDIDATES, CHUNK_ROWS, DIRECT_MAX, FILL_ELEMENTS, GRAM_MAX, IN_PLACE_BLOCK,
+                       SEARCH_CANDIDATES, WORKING_SET_DTYPE)
 from .engines import DEFAULT_EXACT_MEMORY, WORKING_SET_SIZE
 from .operators import block_model
 
-__all__ = ["MemoryEstimate", "estimate_fit_memory", "plan_blocks", "parse_memory", "is_out_of_memory"]
+__all__ = ["MemoryEstimate", "estimate_fit_memory", "plan_blocks", "plan_newton", "parse_memory",
+           "is_out_of_memory"]
 
 _UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "m": 1024**2, "mb": 1024**2, "g": 1024**3, "gb": 1024**3,
           "t": 1024**4, "tb": 1024**4}
@@ -117,7 +118,8 @@ def estimate_fit_memory(n: int, d: int, T: int = 1, *, n_features: Optional[int]
                         chunk_rows: int = CHUNK_ROWS, itemsize: int = 8, direct_max: int = DIRECT_MAX,
                         gram_max: int = GRAM_MAX, solver: str = "dbcd_tr", newton_rank: Optional[int] = None,
                         newton_sketch_rows: Optional[int] = None, working_set_size: int = WORKING_SET_SIZE,
-                        cache_columns: Optional[int] = None, loss=None) -> MemoryEstimate:
+                        cache_columns: Optional[int] = None, loss=None, pass_itemsize: Optional[int] = None,
+                        device=None, resident: bool = True) -> MemoryEstimate:
     """Estimate the memory a fit needs (see the module docstring for what is counted).
 
     Parameters
@@ -141,6 +143,13 @@ def estimate_fit_memory(n: int, d: int, T: int = 1, *, n_features: Optional[int]
     loss : Loss, optional
         DBCD-TR: whether the conjugate has curvature (``psi'' > 0``) decides, through the block-model policy,
         whether blocks above ``SINGULAR_DIRECT_MAX`` rows take the direct solve; None counts it.
+    pass_itemsize : int, optional
+        Feature Newton: bytes per number of its passes' features (4 when a float64 fit evaluates float32
+        features, as JokerFalkon does for float32 data; default ``itemsize``).
+    device : str or torch.device, optional
+        Feature Newton: the sketch's buffers differ on the CPU (an SVD) and on a GPU (default: CPU).
+    resident : bool
+        Feature Newton: a copy of the inputs stays on the device (``SolverOptions.newton_resident``).
 
     Returns
     -------
@@ -158,6 +167,16 @@ def estimate_fit_memory(n: int, d: int, T: int = 1, *, n_features: Optional[int]
 
         with ``formed`` and ``direct`` as :func:`joker_ext.operators.block_model` decides them.
             per_chunk = 2 r M,      model = M T + d M
+
+        Feature Newton (bytes; ``s = itemsize``, ``p = pass_itemsize``, ``k`` the rank, ``n_s`` the sketch rows):
+        the sketch and the passes never hold their buffers at once (the passes' workspaces are freed while
+        the sketch is formed), so the total is ``per_row + model + max(sketch, passes + U)``::
+
+            per_row  = n (10 T + 1) s [+ n d p]          (n-vectors; the inputs' copy, when resident)
+            passes   = r M s [+ r M s if p != s] + r M s / 2   (the pass chunk of r s / p rows, the gradient's
+                                                          chunk in the solver dtype, the product X W)
+            sketch   = B M k s + q M (s + p) + q k s     (B = 4 on the CPU (SVD), 2 on a GPU; q sample rows)
+            U        = M k p,        model = (M T + d M + 8 M T) s
     """
     b = max(1, min(block_size, n))
     r = max(1, min(chunk_rows, n))
@@ -182,11 +201,17 @@ def estimate_fit_memory(n: int, d: int, T: int = 1, *, n_features: Optional[int]
             raise ValueError("solver='newton' needs newton_rank and newton_sketch_rows (see "
                              "joker_ext.primal_newton.default_rank and default_sketch_rows)")
         M, rank = n_features, min(int(newton_rank), n_features)
-        per_row = (n * (NEWTON_ROW_VECTORS * T + 1) + n * d) * itemsize  # (+ the inputs' copy on the device)
-        per_block = (SKETCH_BUFFERS * M * rank + min(int(newton_sketch_rows), n) * 8) * itemsize
-        per_chunk = 2 * 2 * r * M * itemsize  # the pass's feature buffer, its cos/sin intermediate, a float64 copy
+        p = itemsize if pass_itemsize is None else int(pass_itemsize)
+        gpu = device is not None and torch.device(device).type == "cuda"
+        per_row = n * (NEWTON_ROW_VECTORS * T + 1) * itemsize + (n * d * p if resident else 0)
+        # a pass: its feature chunk (r s / p rows of p bytes), the gradient pass's copy in the solver dtype, X W
+        passes = r * M * itemsize * (2 if p != itemsize else 1) + r * M * itemsize // 2
+        q = max(1, r // 2) if gpu else max(1, r * itemsize // p)  # the sketch's sample chunk
+        sketch = ((2 * M * rank + IN_PLACE_BLOCK) if gpu else SKETCH_BUFFERS * M * rank) * itemsize \
+            + q * M * (itemsize + p) + q * rank * itemsize + min(int(newton_sketch_rows), n) * 8
+        factor = M * rank * p
         model = (M * T + d * M + 8 * M * T) * itemsize  # beta, frequencies, the CG's M-vectors
-        return MemoryEstimate(per_row, per_block, per_chunk, model)
+        return MemoryEstimate(per_row, max(sketch - passes, factor), passes, model)
     if solver != "dbcd_tr":
         raise ValueError(f"solver must be 'dbcd_tr', 'newton' or 'working_set', got {solver!r}")
     per_row = n * (DBCD_ROW_VECTORS * T + 1) * itemsize + partition
@@ -242,6 +267,55 @@ def plan_blocks(max_memory: Union[int, str], n: int, d: int, T: int = 1, *, n_fe
                 f"max_memory={max_memory!r} is too small: even one-row blocks need {est}; "
                 f"the rows alone need {est.per_row / 2**20:.1f} MB"
             )
+
+
+#: The feature Newton engine's smallest planned rank: below it the preconditioner leaves most of the
+#: spectrum of ``Phi^T W Phi`` alone and the conjugate gradients slow down faster than chunks do.
+MIN_NEWTON_RANK = 64
+#: Its smallest planned chunk (rows of a pass): below it a pass is launch-bound on a GPU.
+MIN_NEWTON_CHUNK = 64
+
+
+def plan_newton(max_memory: Union[int, str], n: int, d: int, T: int = 1, *, n_features: int, rank: int,
+                sketch_rows: int, chunk_rows: int = CHUNK_ROWS, itemsize: int = 8,
+                pass_itemsize: Optional[int] = None, device=None, resident: bool = True):
+    """The feature Newton engine's ``(rank, chunk_rows)`` for a budget: the requested ones when their estimate
+    (:func:`estimate_fit_memory`, ``solver='newton'``) fits. Else, while the sketch is the peak, the rank
+    halves (down to :data:`MIN_NEWTON_RANK`; measured on an H200, flights 200k, M = 20,000: rank 1000 -> 256
+    cost 21 -> 25 passes); while the passes are, the chunks halve (down to :data:`MIN_NEWTON_CHUNK` rows;
+    there chunks a quarter the size cost 4x the time: a pass of small chunks is launch-bound). ``sketch_rows`` is the sketch's sample size at the requested rank (it shrinks with the rank, as
+    :func:`joker_ext.primal_newton.default_sketch_rows` does, never below 8192 rows). Before either, a
+    ``resident`` copy of the inputs is dropped (the passes then stream them: ``n d`` numbers copied per pass,
+    little next to computing ``n M`` features). Returns ``(rank, chunk_rows, resident, estimate)``; raises
+    ValueError naming ``max_memory`` when even the smallest do not fit.
+    """
+    budget = parse_memory(max_memory)
+    M = int(n_features)
+    k, r = max(1, min(int(rank), M)), max(1, min(int(chunk_rows), n))
+
+    def estimate(k, r):
+        return estimate_fit_memory(n, d, T, n_features=M, chunk_rows=r, itemsize=itemsize, solver="newton",
+                                   newton_rank=k, newton_sketch_rows=min(int(sketch_rows), max(8 * k, 8192)),
+                                   pass_itemsize=pass_itemsize, device=device, resident=resident)
+
+    while True:
+        est = estimate(k, r)
+        if est.total <= budget:
+            return k, r, resident, est
+        if resident:
+            resident = False
+            continue
+        # the sketch is the peak when its part exceeds the factor U that the passes hold beside their chunks
+        sketch_peak = est.per_block > M * k * (itemsize if pass_itemsize is None else int(pass_itemsize))
+        if k > MIN_NEWTON_RANK and (sketch_peak or r <= MIN_NEWTON_CHUNK):
+            k = max(MIN_NEWTON_RANK, k // 2)
+        elif r > MIN_NEWTON_CHUNK:
+            r = max(MIN_NEWTON_CHUNK, r // 2)
+        elif k > MIN_NEWTON_RANK:
+            k = max(MIN_NEWTON_RANK, k // 2)
+        else:
+            raise ValueError(f"max_memory={max_memory!r} is too small for the feature Newton engine with n={n}, "
+                             f"M={M}: even rank {k} and chunks of {r} rows need {est}")
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

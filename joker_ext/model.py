@@ -21,6 +21,7 @@ from .losses import Loss
 from .engines import default_max_iter as default_engine_iter, get_solver, resolve_solver, supports_intercept
 from .intercept import fit_intercept_search
 from .memory import parse_memory, plan_blocks
+from .primal_newton import plan_memory
 from .operators import ExactOperator, FeatureOperator
 from .solver import SolverOptions, SolverResult
 
@@ -121,9 +122,11 @@ def fit_dual(
         file written by :class:`joker_ext.checkpoint.SolverCheckpointer`): the fit continues from it and
         ends bitwise where an uninterrupted fit with the same data, options and seed would (on CPU).
     max_memory : int or str, optional
-        Memory budget ('2GB', bytes): block size and chunk rows are chosen so that the estimate of
-        :func:`joker_ext.memory.estimate_fit_memory` fits. Independently of it, a block that runs out of
-        memory is halved (with a warning) and the fit continues from the last consistent iterate.
+        Memory budget ('2GB', bytes) of this process's device: block size and chunk rows (DBCD-TR) or the
+        preconditioner's rank and the chunk rows (feature Newton, :func:`joker_ext.memory.plan_newton`) are
+        chosen so that the estimate of :func:`joker_ext.memory.estimate_fit_memory` fits. Independently of
+        it, a block that runs out of memory is halved (with a warning) and the fit continues from the last
+        consistent iterate.
     checkpoint_path, checkpoint_every : optional
         Write a solver checkpoint to ``checkpoint_path`` every ``checkpoint_every`` iterations (atomic).
     solver : str
@@ -218,6 +221,14 @@ def fit_dual(
                           f"(estimated need {est})", RuntimeWarning, stacklevel=2)
         opts = replace(opts, block_size=b)
         op.chunk_rows = rows
+    planned = {}
+    if max_memory is not None and name == "newton":
+        rank, rows, resident = plan_memory(feature_map, data.n, data.d, opts.newton_rank, T=Yd.shape[1],
+                                           dtype=dtype, device=device, max_memory=max_memory,
+                                           chunk_rows=op.chunk_rows, sketch_rows=opts.newton_sketch_rows)
+        op.chunk_rows = rows
+        opts = replace(opts, newton_rank=rank, newton_resident=resident and opts.newton_resident is not False)
+        planned = {"newton_rank": rank, "chunk_rows": rows, "newton_resident": resident}
     while True:
         res = engine(op, Yd, loss, cd, opts, callback=callback, validation=validation, snapshot=snapshot,
                      snapshot_every=None if snapshot is None else snapshot.every, **kw)
@@ -245,7 +256,8 @@ def fit_dual(
     beta = res.state.get("beta") if feature_map is not None else None
     return KernelModel(kernel=kernel, feature_map=feature_map, X_train=data, alpha=res.alpha, beta=beta,
                        result=res, chunk_rows=chunk_rows, backend=backend,
-                       extra={"solver": name, "bytes_reduced": shards.bytes_reduced, "world_size": shards.world_size})
+                       extra={"solver": name, "bytes_reduced": shards.bytes_reduced, "world_size": shards.world_size,
+                              **planned})
 
 
 def _fit_with_search(data, Yd, *, loss, c, kernel, feature_map, options, dtype, device, alpha0, intercept0, callback,

@@ -71,16 +71,18 @@ from typing import Optional
 
 import torch
 
+from .defaults import IN_PLACE_BLOCK
 from .dense import cholesky_ex, cholesky_solve
 from .distributed import SingleProcess, local_positions
 from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag
 from .features import NystromFeatureMap, RandomFeatureMap
 from .losses import Loss
-from .memory import is_out_of_memory
+from .memory import is_out_of_memory, plan_newton
 from .smoothing import Continuation, needs_smoothing
 from .solver import SolverOptions, SolverResult
 
-__all__ = ["feature_newton", "NystromPreconditioner", "default_rank", "default_sketch_rows"]
+__all__ = ["feature_newton", "NystromPreconditioner", "default_rank", "default_sketch_rows", "pass_dtype",
+           "plan_memory"]
 
 ARMIJO = 1e-4
 MAX_HALVINGS = 40
@@ -108,6 +110,36 @@ def default_rank(n_features: int, device=None) -> int:
 def default_sketch_rows(n: int, rank: int) -> int:
     """Rows the preconditioner is sketched on: ``min(n, max(8 r, 8192))``."""
     return min(n, max(8 * rank, 8192))
+
+
+def pass_dtype(feature_map, dtype: torch.dtype, device) -> torch.dtype:
+    """The dtype of a pass's features (:class:`_Basis`): a random feature map's ``compute_dtype`` (float32 for
+    float32 data) where the pass evaluates the map itself (on a GPU, or in a dtype other than the solver's),
+    else the solver's ``dtype``."""
+    cd = getattr(feature_map, "compute_dtype", None) if isinstance(feature_map, RandomFeatureMap) else None
+    if isinstance(feature_map, RandomFeatureMap) and (torch.device(device).type == "cuda"
+                                                       or (cd is not None and cd != dtype)):
+        return cd or dtype
+    return dtype
+
+
+def plan_memory(feature_map, n: int, d: int, rank: Optional[int] = None, *, T: int = 1,
+                dtype: torch.dtype = torch.float64, device="cpu", max_memory, chunk_rows: int,
+                sketch_rows: Optional[int] = None):
+    """``(rank, chunk_rows, resident)`` of a fit of ``n`` rows of dimension ``d`` and ``T`` targets with
+    ``feature_map`` within ``max_memory`` (:func:`joker_ext.memory.plan_newton`), from ``rank`` (default
+    :func:`default_rank`) and ``chunk_rows``; ``resident``: whether the inputs' copy on the device stays.
+    Raises ValueError when even the smallest do not fit."""
+    M = feature_map.n_features
+    rank = min(M, rank or default_rank(M, device))
+    rows = sketch_rows or default_sketch_rows(n, rank)
+    itemsize = torch.finfo(dtype).bits // 8
+    inputs = n * d * torch.finfo(dtype).bits // 8  # (features computed in float32 read float32 copies: fewer)
+    k, r, resident, _ = plan_newton(max_memory, n, d, T, n_features=M, rank=rank, sketch_rows=rows,
+                                    chunk_rows=chunk_rows, itemsize=itemsize, device=device,
+                                    pass_itemsize=torch.finfo(pass_dtype(feature_map, dtype, device)).bits // 8,
+                                    resident=inputs <= RESIDENT_BYTES)
+    return k, r, resident
 
 
 class NystromPreconditioner:
@@ -205,8 +237,6 @@ class NystromPreconditioner:
         return R + (self.U @ (self._coef[:, 0] * UR)).to(R.dtype)
 
 
-#: Elements of the temporary block of :func:`_rows_in_place` (32 MB in float64).
-IN_PLACE_BLOCK = 2**22
 
 
 def _rows_in_place(A: torch.Tensor, fn) -> torch.Tensor:
@@ -262,7 +292,7 @@ class _Basis:
         if isinstance(fmap, RandomFeatureMap) and (device.type == "cuda" or (cd is not None and cd != dtype)):
             # (on the CPU in the solver's own dtype the map's own evaluation is as fast: keep it)
             self.kind = "random"
-            self.pass_dtype = getattr(fmap, "compute_dtype", None) or dtype
+            self.pass_dtype = pass_dtype(fmap, dtype, device)
             self.scale, order = fmap.pass_layout(device)
             self.order = order
         elif isinstance(fmap, NystromFeatureMap):
@@ -360,7 +390,7 @@ class _Passes:
     features are computed in) when they fit :data:`RESIDENT_BYTES`.
     """
 
-    def __init__(self, operator, Y, loss: Loss, c_col, shards: SingleProcess):
+    def __init__(self, operator, Y, loss: Loss, c_col, shards: SingleProcess, resident: Optional[bool] = None):
         self.fmap, self.data = operator.feature_map, operator.data
         self.shards = shards
         self.Y, self.loss, self.c = Y, loss, c_col
@@ -376,7 +406,7 @@ class _Passes:
         base = max(1, int(operator.chunk_rows))
         self.rows = max(1, base * torch.finfo(self.dtype).bits // torch.finfo(self.pass_dtype).bits)
         self.grad_rows = base
-        self.X = self._resident()
+        self.X = None if resident is False else self._resident()
         self.passes = 0
         self._buffers = {}
 
@@ -486,8 +516,9 @@ class _Passes:
     def preconditioner(self, sample: torch.Tensor, w_sample: torch.Tensor, n_sample: int, rank: int, gen):
         """Nystrom features: :class:`CentersPreconditioner`. Otherwise the randomized Nystrom sketch, in the
         solver dtype: a float32 sketch (its rounding and its larger shift) was measured to cost CG
-        iterations, while the sketch's rows are few. ``sample`` holds this process's rows of a global
-        sample of ``n_sample`` rows."""
+        iterations, while the sketch's rows are few. Its factor ``U`` is stored in the pass dtype, the
+        precision of the Hessian products it preconditions (half the memory of the largest buffer of a
+        float32 pass). ``sample`` holds this process's rows of a global sample of ``n_sample`` rows."""
         if self.basis.kind == "nystrom":
             (w_sum,) = self.shards.sum_many(w_sample.sum().reshape(1))
             return CentersPreconditioner(self.basis.R, float(w_sum) / n_sample, self.n_total)
@@ -498,7 +529,7 @@ class _Passes:
         elif self.basis.kind == "generic":
             right = left = None
         return NystromPreconditioner.sketch(self.sample_features(sample), w_sample, self.M, rank, scale, gen,
-                                            right=right, left=left,
+                                            right=right, left=left, store_dtype=self.pass_dtype,
                                             reduce=self.shards.sum_ if self.shards.distributed else None)
 
 
@@ -690,7 +721,7 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
     loss.check_targets(Y)
     M = operator.feature_map.n_features
     shards = shards or SingleProcess()
-    passes = _Passes(operator, Y, loss, c_col, shards)
+    passes = _Passes(operator, Y, loss, c_col, shards, resident=opts.newton_resident)
     basis = passes.basis
     if state0 is not None and "beta" in state0:
         beta = basis.to_internal(state0["beta"].to(dtype=dtype, device=device).clone())

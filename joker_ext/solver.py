@@ -116,6 +116,10 @@ class SolverOptions:
     newton_sketch_rows : int, optional
         Newton engine, feature mode: rows the preconditioner is sketched on (default
         :func:`joker_ext.primal_newton.default_sketch_rows`).
+    newton_resident : bool, optional
+        Newton engine, feature mode: keep a copy of the training inputs on the solver's device for the passes
+        (default: when it fits :data:`joker_ext.primal_newton.RESIDENT_BYTES`); False streams them from where
+        they are at every pass (what :func:`joker_ext.memory.plan_newton` chooses first for a tight budget).
     newton_cg_tol : float
         Newton engine, feature mode: the tightest relative residual asked of the inner conjugate gradients
         (the inexact-Newton tolerance is ``clip(sqrt(rel_gap), newton_cg_tol, 0.1)``).
@@ -145,6 +149,7 @@ class SolverOptions:
     final_gap: bool = True
     newton_rank: Optional[int] = None
     newton_sketch_rows: Optional[int] = None
+    newton_resident: Optional[bool] = None
     newton_cg_tol: float = 1e-10
 
 

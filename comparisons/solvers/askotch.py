@@ -71,7 +71,8 @@ def nystrom_approximation(M: torch.Tensor, rank: int, gen: torch.Generator) -> T
 
     ``Omega = qr(randn(p, r))``, ``nu = eps * tr(M)``, ``Y = (M + nu I) Omega``, ``C = chol(Omega^T Y)``,
     ``B = Y C^{-T}``, ``U, Sigma = svd(B)``, ``L = max(0, Sigma^2 - nu)``. Returns U (p, r) and L (r,),
-    L in decreasing order.
+    L in decreasing order. On a GPU the thin SVD is taken through the eigendecomposition of ``B^T B``
+    (``U = B V Sigma^{-1}``), one small symmetric solve instead of the SVD of a tall matrix.
     """
     p = M.shape[0]
     r = min(rank, p)
@@ -90,8 +91,18 @@ def nystrom_approximation(M: torch.Tensor, rank: int, gen: torch.Generator) -> T
     else:  # pragma: no cover - M far from PSD
         raise RuntimeError("Nystrom approximation: the sketch is not positive definite")
     B = torch.linalg.solve_triangular(Lc, Ynu.T, upper=False).T  # Y_nu C^{-1} with C = Lc^T
-    U, S, _ = torch.linalg.svd(B, full_matrices=False)
-    L = (S * S - nu).clamp_min(0.0)
+    if M.device.type == "cpu":
+        U, S, _ = torch.linalg.svd(B, full_matrices=False)
+        S2 = S * S
+    else:  # the thin SVD through the r x r Gram matrix: a GPU's SVD of a tall matrix is slow and synchronises
+        S2, V = torch.linalg.eigh(B.T @ B)  # B = U S V^T
+        S2, V = S2.flip(0), V.flip(1)
+        # directions at the Gram matrix's rounding level get U = 0 and L = 0: (L + rho)^-1 = rho^-1 there, as
+        # in the complement of U, so the preconditioner is the same whatever U held in them
+        keep = S2 > B.shape[0] * torch.finfo(B.dtype).eps * S2[0]
+        S2 = torch.where(keep, S2, torch.zeros_like(S2))
+        U = B @ (V * torch.where(keep, S2.clamp_min(torch.finfo(B.dtype).tiny).rsqrt(), torch.zeros_like(S2)))
+    L = (S2 - nu).clamp_min(0.0)
     return U, L
 
 

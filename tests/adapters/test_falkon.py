@@ -138,6 +138,20 @@ def test_memory_option_caps_the_block_size(fk):
         JokerFalkon(JGaussian(1.0), 1e-3, 400, options=fk.FalkonOptions(use_cpu=True, max_cpu_mem=1e3)).fit(X, Y)
 
 
+def test_memory_option_plans_the_newton_engine_and_keeps_its_model(fk):
+    """A ``max_cpu_mem`` below the default Newton fit's estimate: the engine stays the Newton one, with a smaller
+    preconditioner rank and chunks planned for the budget, and ends at the same model."""
+    X, Y = _toy(8000, d=3)
+    kw = dict(maxiter=20, seed=0, features="cossin", tol=1e-12)
+    free = JokerFalkon(JGaussian(1.0), 1e-4, 1000, options=fk.FalkonOptions(use_cpu=True), **kw).fit(X, Y)
+    capped = JokerFalkon(JGaussian(1.0), 1e-4, 1000, options=fk.FalkonOptions(use_cpu=True, max_cpu_mem=12e6,
+                                                                              memory_slack=1.0), **kw).fit(X, Y)
+    assert free.solver_ == capped.solver_ == "newton"
+    assert "newton_rank" not in free.model_.extra and capped.model_.extra["newton_rank"] < 512
+    P, Q = free.predict(X), capped.predict(X)
+    assert float((P - Q).norm() / P.norm()) < 1e-5
+
+
 # ============================================================================ exactness against Falkon
 def _falkon_converged(fk, fopt, kernel, penalty, M, X, Y, **kw):
     import dataclasses

@@ -24,7 +24,7 @@ import torch
 from joker_ext.features import make_feature_map
 from joker_ext.kernels import GaussianKernel
 from joker_ext.losses import get_loss
-from joker_ext.memory import estimate_fit_memory, parse_memory, plan_blocks
+from joker_ext.memory import MIN_NEWTON_RANK, estimate_fit_memory, parse_memory, plan_blocks, plan_newton
 from joker_ext.model import fit_dual
 from joker_ext.primal_newton import default_rank, default_sketch_rows
 from joker_ext.solver import SolverOptions
@@ -167,6 +167,48 @@ def test_plan_blocks_fits_the_budget_and_refuses_impossible_ones():
     assert b < 2048
     with pytest.raises(ValueError, match="max_memory"):
         plan_blocks(1000, 100_000, 20, 1, n_features=4096)
+
+
+def test_planned_newton_rank_and_chunks_keep_the_measured_peak_within_the_budget():
+    """plan_newton's answer for a budget below the default fit's need, run: the measured peak stays below it."""
+    spec = dict(FITS["newton features"], device="cpu")
+    rank = default_rank(spec["n_features"], "cpu")
+    rows = default_sketch_rows(spec["n"], rank)
+    budget = 48 * 2**20
+    assert _estimate(spec) > budget  # the default fit would not fit
+    k, r, resident, est = plan_newton(budget, spec["n"], spec["d"], spec["T"], n_features=spec["n_features"],
+                                      rank=rank, sketch_rows=rows, chunk_rows=spec["chunk_rows"], itemsize=8)
+    assert est.total <= budget and (k < rank or r < spec["chunk_rows"])
+    peak = measure_peak(dict(spec, newton_rank=k, newton_sketch_rows=min(rows, max(8 * k, 8192)), chunk_rows=r))
+    assert peak <= budget, f"rank {k}, chunks {r}: measured {peak / 2**20:.1f} MB"
+
+
+def test_plan_newton_shrinks_what_holds_the_peak_and_refuses_impossible_budgets():
+    kw = dict(n_features=20_000, rank=1000, sketch_rows=8192, chunk_rows=838, itemsize=8, pass_itemsize=4,
+              device="cuda")
+    full = plan_newton(10**12, 200_000, 25, **kw)
+    assert full[:3] == (1000, 838, True)
+    k, r, resident, est = plan_newton(int(0.2 * 2**30), 200_000, 25, **kw)
+    assert est.total <= 0.2 * 2**30 and MIN_NEWTON_RANK <= k < 1000 and not resident  # the inputs go first
+    with pytest.raises(ValueError, match="max_memory"):
+        plan_newton(15 * 2**20, 200_000, 25, **kw)  # the n-vectors alone need 16 MB
+
+
+def test_max_memory_plans_the_newton_fit_which_reaches_the_same_optimum():
+    """A budget below the default Newton fit's estimate: a smaller rank and chunks, the same optimum (closed
+    form of the feature-space ridge regression)."""
+    X, y = make_regression(n=6000, d=5)
+    kernel = GaussianKernel(1.0)
+    fmap = make_feature_map(kernel, 600, seed=0)
+    Xt, Y = torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1)
+    c = torch.full((6000,), 10.0, dtype=torch.float64)
+    m = fit_dual(Xt, Y, loss=get_loss("squared"), c=c, kernel=kernel, feature_map=fmap, solver="newton",
+                 options=SolverOptions(tol=1e-12, max_iter=20), chunk_rows=4096, max_memory="12MB")
+    assert m.extra["newton_rank"] < default_rank(600, "cpu") and m.extra["chunk_rows"] < 4096
+    assert m.result.status == "converged"
+    Phi = fmap(Xt)
+    beta = torch.linalg.solve(Phi.T @ Phi + torch.eye(600, dtype=torch.float64) / 10.0, Phi.T @ Y)
+    assert float((m.beta - beta).norm() / beta.norm()) < 1e-5  # a relative gap of 1e-12: about 1e-6
 
 
 class FlakyFeatures:
