@@ -95,8 +95,9 @@ NEWTON_PCG_MATRICES = 3
 #: temporaries), the model's products and the repeated gradient and curvature.
 CANDIDATE_BUFFERS = 8
 #: n-vectors (n x T) of the feature Newton engine: f, a*, w (the gradient pass), Phi d, Phi p (the CG),
-#: alpha and the gap's temporaries.
-NEWTON_ROW_VECTORS = 10
+#: alpha and the gap's temporaries, and the copies of the targets and of ``c`` on the solver's device
+#: (measured on a GPU with host inputs: 10 left the estimate 3 MiB short at n = 200,000).
+NEWTON_ROW_VECTORS = 12
 #: M x r buffers of the Newton engine's Nystrom sketch at its peak (the test matrix and the sketch, which its
 #: triangular solve overwrites), plus the SVD's factor and workspace on the CPU.
 SKETCH_BUFFERS = 4
@@ -172,10 +173,10 @@ def estimate_fit_memory(n: int, d: int, T: int = 1, *, n_features: Optional[int]
         the sketch and the passes never hold their buffers at once (the passes' workspaces are freed while
         the sketch is formed), so the total is ``per_row + model + max(sketch, passes + U)``::
 
-            per_row  = n (10 T + 1) s [+ n d p]          (n-vectors; the inputs' copy, when resident)
+            per_row  = n (12 T + 1) s [+ n d p]          (n-vectors; the inputs' copy, when resident)
             passes   = r M s [+ r M s if p != s] + r M s / 2   (the pass chunk of r s / p rows, the gradient's
                                                           chunk in the solver dtype, the product X W)
-            sketch   = B M k s + q M (s + p) + q k s     (B = 4 on the CPU (SVD), 2 on a GPU; q sample rows)
+            sketch   = B M k s + q M (s + 1.5 p) + q k s (B = 4 on the CPU (SVD), 2 on a GPU; q sample rows)
             U        = M k p,        model = (M T + d M + 8 M T) s
     """
     b = max(1, min(block_size, n))
@@ -207,8 +208,12 @@ def estimate_fit_memory(n: int, d: int, T: int = 1, *, n_features: Optional[int]
         # a pass: its feature chunk (r s / p rows of p bytes), the gradient pass's copy in the solver dtype, X W
         passes = r * M * itemsize * (2 if p != itemsize else 1) + r * M * itemsize // 2
         q = max(1, r // 2) if gpu else max(1, r * itemsize // p)  # the sketch's sample chunk
-        sketch = ((2 * M * rank + IN_PLACE_BLOCK) if gpu else SKETCH_BUFFERS * M * rank) * itemsize \
-            + q * M * (itemsize + p) + q * rank * itemsize + min(int(newton_sketch_rows), n) * 8
+        # while the sketch accumulates: the test matrix and the sketch (the SVD's factor and workspace too on the
+        # CPU; on a GPU the row-wise maps' block comes after the test matrix is freed), and a sample chunk: its
+        # features in the pass dtype, the product X W and their copy in the solver dtype, times the test matrix
+        buffers = max(2 * M * rank, M * rank + IN_PLACE_BLOCK) if gpu else SKETCH_BUFFERS * M * rank
+        sketch = buffers * itemsize + q * M * (itemsize + p + p // 2) + q * rank * itemsize \
+            + min(int(newton_sketch_rows), n) * 8
         factor = M * rank * p
         model = (M * T + d * M + 8 * M * T) * itemsize  # beta, frequencies, the CG's M-vectors
         return MemoryEstimate(per_row, max(sketch - passes, factor), passes, model)

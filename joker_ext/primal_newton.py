@@ -196,7 +196,7 @@ class NystromPreconditioner:
                 acc.addmm_(G.T, P)
             else:
                 acc.add_(G.T @ P)
-            del P
+            del P, G  # (the loop variable would hold this chunk while the next one is evaluated)
         del Om
         if reduce is not None:
             reduce(acc)
