@@ -284,12 +284,13 @@ MIN_NEWTON_CHUNK = 64
 def plan_newton(max_memory: Union[int, str], n: int, d: int, T: int = 1, *, n_features: int, rank: int,
                 sketch_rows: int, chunk_rows: int = CHUNK_ROWS, itemsize: int = 8,
                 pass_itemsize: Optional[int] = None, device=None, resident: bool = True):
-    """The feature Newton engine's ``(rank, chunk_rows)`` for a budget: the requested ones when their estimate
-    (:func:`estimate_fit_memory`, ``solver='newton'``) fits. Else, while the sketch is the peak, the rank
-    halves (down to :data:`MIN_NEWTON_RANK`; measured on an H200, flights 200k, M = 20,000: rank 1000 -> 256
-    cost 21 -> 25 passes); while the passes are, the chunks halve (down to :data:`MIN_NEWTON_CHUNK` rows;
-    there chunks a quarter the size cost 4x the time: a pass of small chunks is launch-bound). ``sketch_rows`` is the sketch's sample size at the requested rank (it shrinks with the rank, as
-    :func:`joker_ext.primal_newton.default_sketch_rows` does, never below 8192 rows). Before either, a
+    """The feature Newton engine's rank, chunk rows and input residency for a budget: the requested ones when
+    their estimate (:func:`estimate_fit_memory`, ``solver='newton'``) fits. Else, while the sketch is the
+    peak, the rank halves (down to :data:`MIN_NEWTON_RANK`; measured on an H200, flights 200k, M = 20,000:
+    rank 1000 -> 256 cost 21 -> 25 passes); while the passes are, the chunks halve (down to
+    :data:`MIN_NEWTON_CHUNK` rows; there chunks a quarter the size cost 4x the time: a pass of small chunks is
+    launch-bound). ``sketch_rows`` is the sketch's sample size at the requested rank (it shrinks with the
+    rank, as :func:`joker_ext.primal_newton.default_sketch_rows` does, never below 8192 rows). Before either, a
     ``resident`` copy of the inputs is dropped (the passes then stream them: ``n d`` numbers copied per pass,
     little next to computing ``n M`` features). Returns ``(rank, chunk_rows, resident, estimate)``; raises
     ValueError naming ``max_memory`` when even the smallest do not fit.
