@@ -90,7 +90,9 @@ class JokerBackend(Backend):
             max_iter=int(max_iter) if max_iter is not None else (None if spec.iterations is None else
                                                                  int(spec.iterations)), epochs=spec.epochs,
             iteration_budget="blocks", max_time=spec.soft_seconds, dtype=dtype, device=device,
-            callback_every=1 if self.mode == "exact" else None, handle_sigint=False)
+            callback_every=1 if self.mode == "exact" else None, handle_sigint=False,
+            # features: the squared loss is one CG run of the Newton engine; its iterates go to the trace too
+            callback_cg_every=None if self.mode == "exact" else 1)
         self.fit_plan_ = plan
         self.feature_map_ = plan.feature_map
         if getattr(plan.feature_map, "jitter_used", 0.0):

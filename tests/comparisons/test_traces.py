@@ -57,6 +57,22 @@ def test_squared_loss_solvers_report_a_trace(flights, name):
         assert sum("relative_residual" in p for p in pts) >= 3
 
 
+def test_joker_random_features_trace_the_iterates_inside_the_conjugate_gradients():
+    """With the squared loss the feature Newton engine's fit is one CG run: the trace holds its iterates (not only
+    the start and the end), with the primal objective decreasing along them (CG minimises it), and ends at the
+    fitted model. (n well above the preconditioner's rank, else CG is done in one step.)"""
+    flights = D.load("flights", "regression", n_train=3000, n_test=300, seed=2, standardize_y=True)
+    spec = ExperimentSpec(dataset="flights", task="regression", sigma=5.0, penalty=1e-6, M=1500, n_train=3000,
+                          tol=1e-10)
+    b, trace = _fit("joker_rf", spec, flights)
+    pts = _metric_points(trace)
+    assert b.params()["n_iter"] <= 2 and len(pts) >= 6, trace.points
+    primal = [p["primal"] for p in pts]
+    assert primal[-1] < primal[0] and all(a >= c - 1e-9 * abs(c) for a, c in zip(primal, primal[1:]))
+    rmse = math.sqrt(mean_squared_error(flights.y_test, np.asarray(b.predict(flights.X_test))))
+    assert pts[-1]["metric"] == pytest.approx(rmse, rel=1e-9)
+
+
 def test_admm_svm_reports_a_thinned_trace_that_ends_at_svc(magic):
     """The ADMM callback scores its iterate (it had no predictor: the figure showed one point); thousands of
     iterations are thinned to a few dozen points, and the last one is the converged SVM, as SVC's."""
