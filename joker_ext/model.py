@@ -15,7 +15,7 @@ import torch
 from .data import BlockData, as_block_data
 from .defaults import CHUNK_ROWS, default_block_size, default_max_iter  # noqa: F401  (re-exported)
 from .distributed import row_shards
-from .features import FeatureMap
+from .features import FeatureMap, NystromFeatureMap
 from .kernels import Kernel
 from .losses import Loss
 from .engines import default_max_iter as default_engine_iter, get_solver, resolve_solver, supports_intercept
@@ -123,7 +123,8 @@ def fit_dual(
         ends bitwise where an uninterrupted fit with the same data, options and seed would (on CPU).
     max_memory : int or str, optional
         Memory budget ('2GB', bytes) of this process's device: block size and chunk rows (DBCD-TR) or the
-        preconditioner's rank and the chunk rows (feature Newton, :func:`joker_ext.memory.plan_newton`) are
+        preconditioner's rank and the chunk rows (feature Newton with random features,
+        :func:`joker_ext.memory.plan_newton`) are
         chosen so that the estimate of :func:`joker_ext.memory.estimate_fit_memory` fits. Independently of
         it, a block that runs out of memory is halved (with a warning) and the fit continues from the last
         consistent iterate.
@@ -222,7 +223,8 @@ def fit_dual(
         opts = replace(opts, block_size=b)
         op.chunk_rows = rows
     planned = {}
-    if max_memory is not None and name == "newton":
+    if max_memory is not None and name == "newton" and not isinstance(feature_map, NystromFeatureMap):
+        # (Nystrom features take Falkon's M x M preconditioner, sized by M alone: nothing to plan)
         rank, rows, resident = plan_memory(feature_map, data.n, data.d, opts.newton_rank, T=Yd.shape[1],
                                            dtype=dtype, device=device, max_memory=max_memory,
                                            chunk_rows=op.chunk_rows, sketch_rows=opts.newton_sketch_rows)
