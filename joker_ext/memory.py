@@ -31,8 +31,8 @@ from typing import Optional, Union
 
 import torch
 
-from .defaults import (CAUCHY_CANDIDATES, CHUNK_ROWS, DIRECT_MAX, FILL_ELEMENTS, GRAM_MAX, IN_PLACE_BLOCK,
-                       SEARCH_CANDIDATES, WORKING_SET_DTYPE)
+from .defaults import (CAUCHY_CANDIDATES, CHUNK_ROWS, CONVERT_SPLIT, DIRECT_MAX, FILL_ELEMENTS, GRAM_MAX,
+                       IN_PLACE_BLOCK, SEARCH_CANDIDATES, WORKING_SET_DTYPE)
 from .engines import DEFAULT_EXACT_MEMORY, WORKING_SET_SIZE
 from .operators import block_model
 
@@ -174,9 +174,9 @@ def estimate_fit_memory(n: int, d: int, T: int = 1, *, n_features: Optional[int]
         the sketch is formed), so the total is ``per_row + model + max(sketch, passes + U)``::
 
             per_row  = n (12 T + 1) s [+ n d p]          (n-vectors; the inputs' copy, when resident)
-            passes   = r M s [+ r M s if p != s] + r M s / 2   (the pass chunk of r s / p rows, the gradient's
-                                                          chunk in the solver dtype, the product X W)
-            sketch   = B M k s + q M (s + 1.5 p) + q k s (B = 4 on the CPU (SVD), 2 on a GPU; q sample rows)
+            passes   = r M s [+ r M s / c if p != s] + r M s / 2   (the pass chunk of r s / p rows, the gradient's
+                                      copy in the solver dtype, c = CONVERT_SPLIT on the CPU, 1 on a GPU; X W)
+            sketch   = B M k s + q M (s + 1.5 p) + q k s (B = 4 on the CPU (SVD), 2 on a GPU; q = r / 2)
             U        = M k p,        model = (M T + d M + 8 M T) s
     """
     b = max(1, min(block_size, n))
@@ -205,9 +205,11 @@ def estimate_fit_memory(n: int, d: int, T: int = 1, *, n_features: Optional[int]
         p = itemsize if pass_itemsize is None else int(pass_itemsize)
         gpu = device is not None and torch.device(device).type == "cuda"
         per_row = n * (NEWTON_ROW_VECTORS * T + 1) * itemsize + (n * d * p if resident else 0)
-        # a pass: its feature chunk (r s / p rows of p bytes), the gradient pass's copy in the solver dtype, X W
-        passes = r * M * itemsize * (2 if p != itemsize else 1) + r * M * itemsize // 2
-        q = max(1, r // 2) if gpu else max(1, r * itemsize // p)  # the sketch's sample chunk
+        # a pass: its feature chunk (r s / p rows of p bytes), the gradient pass's copy in the solver dtype (a
+        # CONVERT_SPLIT-th of it at a time on the CPU), X W
+        copy = 0 if p == itemsize else (r * M * itemsize if gpu else max(1, r // CONVERT_SPLIT) * M * itemsize)
+        passes = r * M * itemsize + copy + r * M * itemsize // 2
+        q = max(1, r // 2)  # the sketch's sample chunk
         # while the sketch accumulates: the test matrix and the sketch (the SVD's factor and workspace too on the
         # CPU; on a GPU the row-wise maps' block comes after the test matrix is freed), and a sample chunk: its
         # features in the pass dtype, the product X W and their copy in the solver dtype, times the test matrix

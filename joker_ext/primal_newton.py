@@ -71,7 +71,7 @@ from typing import Optional
 
 import torch
 
-from .defaults import IN_PLACE_BLOCK
+from .defaults import CONVERT_SPLIT, IN_PLACE_BLOCK
 from .dense import cholesky_ex, cholesky_solve
 from .distributed import SingleProcess, local_positions
 from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag
@@ -406,6 +406,9 @@ class _Passes:
         base = max(1, int(operator.chunk_rows))
         self.rows = max(1, base * torch.finfo(self.dtype).bits // torch.finfo(self.pass_dtype).bits)
         self.grad_rows = base
+        # the gradient pass's copy of its features in the solver dtype, a quarter of its chunk at a time on the
+        # CPU (a GPU pass of small blocks is bound by launching its kernels)
+        self.convert_rows = base if self.device.type == "cuda" else max(1, base // CONVERT_SPLIT)
         self.X = None if resident is False else self._resident()
         self.passes = 0
         self._buffers = {}
@@ -453,15 +456,20 @@ class _Passes:
         bt = self.basis.right(beta)
         for start, stop, Xc in self.chunks(self.grad_rows):
             G = self.basis.raw(Xc, out=self.buffer(stop - start, self.pass_dtype))
-            if G.dtype != beta.dtype:
-                G = self.buffer(stop - start, beta.dtype).copy_(G)
-            Fc = G @ bt
-            F[start:stop] = Fc
-            Fs = Fc if shift is None else Fc - shift[start:stop]
-            a, w = self.loss.smoothed_dual(Fs, self.Y[start:stop], self.c[start:stop], smoothing)
-            A[start:stop], W[start:stop] = a, w
-            acc.addmm_(G.T, a)
-            del G
+            # features in another dtype go to the solver's in blocks of convert_rows rows
+            step = G.shape[0] if G.dtype == beta.dtype else self.convert_rows
+            for s0 in range(0, G.shape[0], step):
+                Gs = G[s0:s0 + step]
+                if Gs.dtype != beta.dtype:
+                    Gs = self.buffer(Gs.shape[0], beta.dtype).copy_(Gs)
+                lo, hi = start + s0, start + s0 + Gs.shape[0]
+                Fc = Gs @ bt
+                F[lo:hi] = Fc
+                Fs = Fc if shift is None else Fc - shift[lo:hi]
+                a, w = self.loss.smoothed_dual(Fs, self.Y[lo:hi], self.c[lo:hi], smoothing)
+                A[lo:hi], W[lo:hi] = a, w
+                acc.addmm_(Gs.T, a)
+            del G, Gs
         self.passes += 1
         loss_terms = (self.c * self.loss.value(self.Y, F)).sum(0)
         conj_terms = self.loss.conj(A, self.Y, self.c).sum(0)
@@ -505,7 +513,7 @@ class _Passes:
 
     def sample_features(self, sample: torch.Tensor):
         """Yields ``(positions in sample, G of those rows)`` over the sampled rows, in the solver dtype."""
-        rows = self.rows if self.device.type == "cpu" else max(1, self.grad_rows // 2)
+        rows = max(1, self.grad_rows // 2)  # (its features and their copy in the solver dtype live at once)
 
         def gen():
             for s0 in range(0, sample.numel(), rows):
