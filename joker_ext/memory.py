@@ -174,10 +174,11 @@ def estimate_fit_memory(n: int, d: int, T: int = 1, *, n_features: Optional[int]
         the sketch is formed), so the total is ``per_row + model + max(sketch, passes + U)``::
 
             per_row  = n (12 T + 1) s [+ n d p]          (n-vectors; the inputs' copy, when resident)
-            passes   = r M s [+ r M s / c if p != s] + r M s / 2   (the pass chunk of r s / p rows, the gradient's
-                                      copy in the solver dtype, c = CONVERT_SPLIT on the CPU, 1 on a GPU; X W)
+            passes   = r M s + max(r M s / 2, [r M s / c if p != s] + r M p / 2)   (the pass chunk of r s / p
+                       rows and X W of a Hessian pass; the gradient pass's copy in the solver dtype, c =
+                       CONVERT_SPLIT on the CPU, 1 on a GPU, and its X W)
             sketch   = B M k s + q M (s + 1.5 p) + q k s (B = 4 on the CPU (SVD), 2 on a GPU; q = r / 2)
-            U        = M k p,        model = (M T + d M + 8 M T) s
+            U        = M k s,        model = (M T + d M + 8 M T) s
     """
     b = max(1, min(block_size, n))
     r = max(1, min(chunk_rows, n))
@@ -205,10 +206,11 @@ def estimate_fit_memory(n: int, d: int, T: int = 1, *, n_features: Optional[int]
         p = itemsize if pass_itemsize is None else int(pass_itemsize)
         gpu = device is not None and torch.device(device).type == "cuda"
         per_row = n * (NEWTON_ROW_VECTORS * T + 1) * itemsize + (n * d * p if resident else 0)
-        # a pass: its feature chunk (r s / p rows of p bytes), the gradient pass's copy in the solver dtype (a
-        # CONVERT_SPLIT-th of it at a time on the CPU), X W
+        # a pass: its feature chunk (r s / p rows of p bytes, kept between passes) and the product X W of its rows;
+        # the gradient pass's chunk of r rows also has its copy in the solver dtype (a CONVERT_SPLIT-th of it at a
+        # time on the CPU), freed at the pass's end
         copy = 0 if p == itemsize else (r * M * itemsize if gpu else max(1, r // CONVERT_SPLIT) * M * itemsize)
-        passes = r * M * itemsize + copy + r * M * itemsize // 2
+        passes = r * M * itemsize + max(r * M * itemsize // 2, copy + r * M * p // 2)
         q = max(1, r // 2)  # the sketch's sample chunk
         # while the sketch accumulates: the test matrix and the sketch (the SVD's factor and workspace too on the
         # CPU; on a GPU the row-wise maps' block comes after the test matrix is freed), and a sample chunk: its
@@ -216,7 +218,7 @@ def estimate_fit_memory(n: int, d: int, T: int = 1, *, n_features: Optional[int]
         buffers = max(2 * M * rank, M * rank + IN_PLACE_BLOCK) if gpu else SKETCH_BUFFERS * M * rank
         sketch = buffers * itemsize + q * M * (itemsize + p + p // 2) + q * rank * itemsize \
             + min(int(newton_sketch_rows), n) * 8
-        factor = M * rank * p
+        factor = M * rank * itemsize
         model = (M * T + d * M + 8 * M * T) * itemsize  # beta, frequencies, the CG's M-vectors
         return MemoryEstimate(per_row, max(sketch - passes, factor), passes, model)
     if solver != "dbcd_tr":
@@ -276,8 +278,10 @@ def plan_blocks(max_memory: Union[int, str], n: int, d: int, T: int = 1, *, n_fe
             )
 
 
-#: The feature Newton engine's smallest planned rank: below it the preconditioner leaves most of the
-#: spectrum of ``Phi^T W Phi`` alone and the conjugate gradients slow down faster than chunks do.
+#: The feature Newton engine's planned rank halves down to this before its chunks do (measured on an H200,
+#: flights 200k, M = 20,000: rank 1000 -> 256 cost 21 -> 25 products, chunks a quarter the size 4x the time) ...
+SOFT_NEWTON_RANK = 256
+#: ... and down to this after them (rank 64 took 119 products there).
 MIN_NEWTON_RANK = 64
 #: Its smallest planned chunk (rows of a pass): below it a pass is launch-bound on a GPU.
 MIN_NEWTON_CHUNK = 64
@@ -287,11 +291,12 @@ def plan_newton(max_memory: Union[int, str], n: int, d: int, T: int = 1, *, n_fe
                 sketch_rows: int, chunk_rows: int = CHUNK_ROWS, itemsize: int = 8,
                 pass_itemsize: Optional[int] = None, device=None, resident: bool = True):
     """The feature Newton engine's rank, chunk rows and input residency for a budget: the requested ones when
-    their estimate (:func:`estimate_fit_memory`, ``solver='newton'``) fits. Else, while the sketch is the
-    peak, the rank halves (down to :data:`MIN_NEWTON_RANK`; measured on an H200, flights 200k, M = 20,000:
-    rank 1000 -> 256 cost 21 -> 25 passes); while the passes are, the chunks halve (down to
-    :data:`MIN_NEWTON_CHUNK` rows; there chunks a quarter the size cost 4x the time: a pass of small chunks is
-    launch-bound). ``sketch_rows`` is the sketch's sample size at the requested rank (it shrinks with the
+    their estimate (:func:`estimate_fit_memory`, ``solver='newton'``) fits. Else, in this order, each while
+    the estimate does not fit: the rank halves down to :data:`SOFT_NEWTON_RANK` (cheap: measured on an H200,
+    flights 200k, M = 20,000, rank 1000 -> 256 cost 21 -> 25 passes), the chunks halve down to
+    :data:`MIN_NEWTON_CHUNK` rows (chunks a quarter the size cost 4x the time there: a pass of small chunks is
+    launch-bound), the rank halves down to :data:`MIN_NEWTON_RANK` (rank 64: 119 passes). ``sketch_rows`` is
+    the sketch's sample size at the requested rank (it shrinks with the
     rank, as :func:`joker_ext.primal_newton.default_sketch_rows` does, never below 8192 rows). Before either, a
     ``resident`` copy of the inputs is dropped (the passes then stream them: ``n d`` numbers copied per pass,
     little next to computing ``n M`` features). Returns ``(rank, chunk_rows, resident, estimate)``; raises
@@ -313,10 +318,8 @@ def plan_newton(max_memory: Union[int, str], n: int, d: int, T: int = 1, *, n_fe
         if resident:
             resident = False
             continue
-        # the sketch is the peak when its part exceeds the factor U that the passes hold beside their chunks
-        sketch_peak = est.per_block > M * k * (itemsize if pass_itemsize is None else int(pass_itemsize))
-        if k > MIN_NEWTON_RANK and (sketch_peak or r <= MIN_NEWTON_CHUNK):
-            k = max(MIN_NEWTON_RANK, k // 2)
+        if k > SOFT_NEWTON_RANK:
+            k = max(SOFT_NEWTON_RANK, k // 2)
         elif r > MIN_NEWTON_CHUNK:
             r = max(MIN_NEWTON_CHUNK, r // 2)
         elif k > MIN_NEWTON_RANK:
