@@ -169,15 +169,17 @@ def test_plan_blocks_fits_the_budget_and_refuses_impossible_ones():
         plan_blocks(1000, 100_000, 20, 1, n_features=4096)
 
 
-def test_planned_newton_rank_and_chunks_keep_the_measured_peak_within_the_budget():
+@pytest.mark.parametrize("device", DEVICES)
+def test_planned_newton_rank_and_chunks_keep_the_measured_peak_within_the_budget(device):
     """plan_newton's answer for a budget below the default fit's need, run: the measured peak stays below it."""
-    spec = dict(FITS["newton features"], device="cpu")
-    rank = default_rank(spec["n_features"], "cpu")
+    spec = dict(FITS["newton features"], device=device)
+    rank = default_rank(spec["n_features"], device)
     rows = default_sketch_rows(spec["n"], rank)
     budget = 48 * 2**20
     assert _estimate(spec) > budget  # the default fit would not fit
     k, r, resident, est = plan_newton(budget, spec["n"], spec["d"], spec["T"], n_features=spec["n_features"],
-                                      rank=rank, sketch_rows=rows, chunk_rows=spec["chunk_rows"], itemsize=8)
+                                      rank=rank, sketch_rows=rows, chunk_rows=spec["chunk_rows"], itemsize=8,
+                                      device=device)
     assert est.total <= budget and (k < rank or r < spec["chunk_rows"])
     peak = measure_peak(dict(spec, newton_rank=k, newton_sketch_rows=min(rows, max(8 * k, 8192)), chunk_rows=r))
     assert peak <= budget, f"rank {k}, chunks {r}: measured {peak / 2**20:.1f} MB"
