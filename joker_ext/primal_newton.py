@@ -237,8 +237,6 @@ class NystromPreconditioner:
         return R + (self.U @ (self._coef[:, 0] * UR)).to(R.dtype)
 
 
-
-
 def _rows_in_place(A: torch.Tensor, fn) -> torch.Tensor:
     """``A[rows] = fn(A[rows])`` for consecutive blocks of rows (``fn`` keeps a block's shape): a row-wise map of
     an ``M x r`` matrix with one block as temporary instead of a second ``M x r`` buffer. Returns ``A``."""
