@@ -20,7 +20,11 @@ b. Falkon with ``max_gpu_mem`` calibrated: caps of ``--calib-start`` (default 1/
    tries: when every try stays within 10% the smallest cap was not reached and the memory ratio against
    it is only a lower bound. When a cap ran but over 10% slower, the smallest cap within 10% lies between
    it and the last good one, and Falkon's peak there is at least its peak at the slow cap (the peak grows
-   with the cap): Joker's peak over Falkon's at the slow cap is an upper bound of the ratio the issue asks for;
+   with the cap): Joker's peak over Falkon's at the slow cap is an upper bound of the ratio the issue asks for.
+   The calibration finds the cap; its capped fits' peaks are not Falkon's need: they run after the uncapped fit,
+   which leaves about 1 GiB allocated (measured on an H200) that the capped fits' peak over their start does
+   not show. :mod:`~joker_ext.comparisons.benchmarks.falkon_gpu_capped` measures the peak at that cap in a
+   fresh process, beside JokerFalkon given the same cap;
 c. ``JokerFalkon(kernel, penalty, M, options=FalkonOptions())`` with its defaults (``features='auto'``),
    and with ``features='cossin'`` and ``features='nystrom'``: a reporting fit (``error_fn`` on the test set
    after every Newton iteration and, for the squared loss, every ``--cg-every`` CG iterations of its single CG
