@@ -112,14 +112,21 @@ def default_sketch_rows(n: int, rank: int) -> int:
     return min(n, max(8 * rank, 8192))
 
 
+def _evaluates_map(feature_map, dtype: torch.dtype, device) -> bool:
+    """Whether the passes evaluate a random feature map themselves (:class:`_Basis`'s 'random' kind): on a GPU, or
+    in a ``compute_dtype`` other than the solver's ``dtype`` (on the CPU in the solver's own dtype the map's own
+    evaluation is as fast)."""
+    if not isinstance(feature_map, RandomFeatureMap):
+        return False
+    cd = getattr(feature_map, "compute_dtype", None)
+    return torch.device(device).type == "cuda" or (cd is not None and cd != dtype)
+
+
 def pass_dtype(feature_map, dtype: torch.dtype, device) -> torch.dtype:
     """The dtype of a pass's features (:class:`_Basis`): a random feature map's ``compute_dtype`` (float32 for
-    float32 data) where the pass evaluates the map itself (on a GPU, or in a dtype other than the solver's),
-    else the solver's ``dtype``."""
-    cd = getattr(feature_map, "compute_dtype", None) if isinstance(feature_map, RandomFeatureMap) else None
-    if isinstance(feature_map, RandomFeatureMap) and (torch.device(device).type == "cuda"
-                                                       or (cd is not None and cd != dtype)):
-        return cd or dtype
+    float32 data) where the pass evaluates the map itself, else the solver's ``dtype``."""
+    if _evaluates_map(feature_map, dtype, device):
+        return getattr(feature_map, "compute_dtype", None) or dtype
     return dtype
 
 
@@ -134,11 +141,10 @@ def plan_memory(feature_map, n: int, d: int, rank: Optional[int] = None, *, T: i
     rank = min(M, rank or default_rank(M, device))
     rows = sketch_rows or default_sketch_rows(n, rank)
     itemsize = torch.finfo(dtype).bits // 8
-    inputs = n * d * torch.finfo(dtype).bits // 8  # (features computed in float32 read float32 copies: fewer)
+    p = torch.finfo(pass_dtype(feature_map, dtype, device)).bits // 8  # also the inputs' copy (_Passes._resident)
     k, r, resident, _ = plan_newton(max_memory, n, d, T, n_features=M, rank=rank, sketch_rows=rows,
-                                    chunk_rows=chunk_rows, itemsize=itemsize, device=device,
-                                    pass_itemsize=torch.finfo(pass_dtype(feature_map, dtype, device)).bits // 8,
-                                    resident=inputs <= RESIDENT_BYTES)
+                                    chunk_rows=chunk_rows, itemsize=itemsize, device=device, pass_itemsize=p,
+                                    resident=n * d * p <= RESIDENT_BYTES)
     return k, r, resident
 
 
@@ -286,9 +292,7 @@ class _Basis:
         self.order = None
         self.scale = 1.0
         self.R = None
-        cd = getattr(fmap, "compute_dtype", None) if isinstance(fmap, RandomFeatureMap) else None
-        if isinstance(fmap, RandomFeatureMap) and (device.type == "cuda" or (cd is not None and cd != dtype)):
-            # (on the CPU in the solver's own dtype the map's own evaluation is as fast: keep it)
+        if _evaluates_map(fmap, dtype, device):
             self.kind = "random"
             self.pass_dtype = pass_dtype(fmap, dtype, device)
             self.scale, order = fmap.pass_layout(device)
