@@ -37,23 +37,26 @@ def _best_of(fn, repeats: int):
 REPEATS = 2
 
 
-def exact_rows(n: int, seed: int = 0, C: float = 10.0, losses=None, device: str = "cpu") -> None:
+def exact_rows(n: int, seed: int = 0, C: float = 10.0, losses=None, device: str = "cpu", gamma: float = 0.05,
+               n_features: int = 8) -> None:
     """Exact kernels, float64, default engine ('auto') against scikit-learn's matching estimator (its default
-    tol 1e-3), with the primal objective of both solutions; ``losses``: names of the rows to run (all);
-    ``device``: where joker_ext computes (scikit-learn always runs on the CPU)."""
+    tol 1e-3), with the primal objective of both solutions, on scikit-learn's ``make_regression`` /
+    ``make_classification`` problems of ``n`` rows and ``n_features`` columns (``seed``), Gaussian kernel
+    ``exp(-gamma |x - x'|^2)``; ``losses``: names of the rows to run (all); ``device``: where joker_ext computes
+    (scikit-learn always runs on the CPU)."""
     from sklearn.datasets import make_classification, make_regression
     from sklearn.kernel_ridge import KernelRidge
     from sklearn.svm import SVC, SVR
 
     from joker_ext import JokerClassifier, JokerRegressor
 
-    X, y = make_regression(n_samples=n, n_features=8, noise=10.0, random_state=seed)
+    X, y = make_regression(n_samples=n, n_features=n_features, noise=10.0, random_state=seed)
     X = (X - X.mean(0)) / X.std(0)
     y = (y - y.mean()) / y.std()
-    Xc, yc = make_classification(n_samples=n, n_features=8, flip_y=0.05, random_state=seed)
+    Xc, yc = make_classification(n_samples=n, n_features=n_features, flip_y=0.05, random_state=seed)
     Xc = (Xc - Xc.mean(0)) / Xc.std(0)
-    gamma = 0.05
-    print(f"exact kernels, n = {n}, C = {C}, gamma = {gamma}, float64, joker on {device} (time ratio = joker / "
+    print(f"exact kernels, n = {n}, d = {n_features}, seed {seed}, C = {C}, gamma = {gamma}, float64, joker on "
+          f"{device} (time ratio = joker / "
           f"scikit-learn; each side timed as the best of {REPEATS} fits where there is a scikit-learn row)")
     cases = [
         ("squared", X, y, dict(loss="squared"), lambda: KernelRidge(alpha=1.0 / C, kernel="rbf", gamma=gamma)),
@@ -268,6 +271,10 @@ def falkon_rows(n: int, M: int, seed: int = 0) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--exact-n", type=int, nargs="*", default=[4000])
+    ap.add_argument("--exact-grid", nargs="*", default=[], metavar="C:GAMMA:D[:SEED]",
+                    help="more exact problems, each at every --exact-n: the rows with a scikit-learn estimator "
+                         "(squared, hinge, epsilon-insensitive) at that C, gamma, input dimension and data seed "
+                         "(e.g. 1:0.05:8 10:0.5:8 100:0.05:8 10:0.05:20:1)")
     ap.add_argument("--falkon-n", type=int, nargs="*", default=[1000, 5000])
     ap.add_argument("--reference-n", type=int, nargs="*", default=[],
                     help="sizes at which the losses without a scikit-learn estimator are checked against "
@@ -284,9 +291,24 @@ def main(argv=None) -> None:
         _run(args)
 
 
+def _grid_point(spec: str):
+    """``'C:GAMMA:D[:SEED]'`` -> ``(C, gamma, d, seed)`` (seed 0 by default)."""
+    parts = spec.split(":")
+    if len(parts) not in (3, 4):
+        raise SystemExit(f"--exact-grid: expected C:GAMMA:D or C:GAMMA:D:SEED, got {spec!r}")
+    try:
+        return float(parts[0]), float(parts[1]), int(parts[2]), int(parts[3]) if len(parts) == 4 else 0
+    except ValueError:
+        raise SystemExit(f"--exact-grid: expected numbers in C:GAMMA:D[:SEED], got {spec!r}") from None
+
+
 def _run(args) -> None:
+    grid = [_grid_point(spec) for spec in args.exact_grid]
     for n in args.exact_n:
         exact_rows(n, device=args.device)
+        for C, gamma, d, seed in grid:
+            exact_rows(n, seed=seed, C=C, gamma=gamma, n_features=d, device=args.device,
+                       losses=("squared", "hinge", "epsilon_insensitive"))
     for n in args.reference_n:
         reference_rows(n)
     for n in args.falkon_n:
