@@ -57,6 +57,8 @@ __all__ = ["active_set", "supports_active_set"]
 MAX_INNER = 15
 #: From this step of a round on, fewer coordinates may change their set at each step (halving).
 DAMP_AFTER = 4
+#: A round asked to ``shrink`` its changes is not stopped for a step that changes at most this many coordinates.
+FEW_CHANGES = 8
 #: Below this many rows the first active sets come from a plain start (every coordinate free).
 BASE_ROWS = 1024
 #: First proximal weight (times ``mean(diag K) c_i``), its smallest value, and the adaptive rule.
@@ -184,10 +186,14 @@ class _Column:
         fixed = self.lo >= self.hi
         return torch.where(fixed, -inf, lower), torch.where(fixed, inf, upper)
 
-    def round(self, a, f, b: float, abar, s, code=None, sgn=None, value=None, max_steps: int = MAX_INNER):
+    def round(self, a, f, b: float, abar, s, code=None, sgn=None, value=None, max_steps: int = MAX_INNER,
+              shrink: Optional[float] = None):
         """Solve one proximal round exactly. Returns ``(a, f, b, steps, sets)`` or None when the sets do not
-        settle within ``max_steps`` active-set steps."""
+        settle within ``max_steps`` active-set steps, or, with ``shrink``, as soon as a step changes the sets of
+        more than ``shrink`` times as many coordinates as the step before (the changes of a round that settles
+        shrink fast; of one that does not, they do not shrink)."""
         seen = []
+        last_changes = None
         for step in range(1, max_steps + 1):
             if code is None:
                 code, sgn, value = self.predict(a, f, b, s, abar)
@@ -198,13 +204,17 @@ class _Column:
             changed = (new_code != code) | (new_sgn != sgn)
             if self.kink:
                 new_code, new_sgn, new_value = self._stop_at_kink(code, sgn, new_code, new_sgn, new_value)
-            if not bool(changed.any()):
+            changes = int(changed.sum())
+            if not changes:
                 if self.intercept and not self._balanced(a):
                     return None  # settled with every coordinate fixed off the hyperplane: not a solution
                 return a, f, b, step, (code, sgn, value)
+            if shrink is not None and last_changes is not None and changes > max(shrink * last_changes, FEW_CHANGES):
+                return None
+            last_changes = changes
             if step >= DAMP_AFTER:  # damped: only the largest violations change sets
                 new_code, new_sgn, new_value = self._damped(changed, code, sgn, value, new_code, new_sgn, new_value,
-                                                            a, keep=max(8, int(changed.sum()) >> (step - DAMP_AFTER + 1)))
+                                                            a, keep=max(8, changes >> (step - DAMP_AFTER + 1)))
             seen.append((code, sgn))
             if any(torch.equal(new_code, c) and torch.equal(new_sgn, g) for c, g in seen[:-1]):
                 return None  # the sets cycle

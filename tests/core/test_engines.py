@@ -325,6 +325,56 @@ def test_working_set_epsilon_insensitive_is_libsvm_svr():
     assert primal(m.alpha[:, 0].numpy(), f) <= primal(a_ref, f_ref) * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("name", ["hinge", "epsilon_insensitive"])
+def test_working_set_with_most_support_vectors_free_reaches_libsvm(monkeypatch, name):
+    """A problem whose free set outgrows the working set's cap several times (d = 20: most support vectors on the
+    margin), with small subproblems (q = 64) so that the cap doubles and the quick active-set steps at the smallest
+    weight meet sets far from settled: LIBSVM's optimum, to its tol 1e-10."""
+    from sklearn.datasets import make_classification as sk_classification, make_regression as sk_regression
+    from sklearn.svm import SVC, SVR
+
+    import joker_ext.working_set as ws
+
+    n, gamma, C = 900, 0.05, 10.0
+    if name == "hinge":
+        X, y = sk_classification(n_samples=n, n_features=20, flip_y=0.05, random_state=3)
+        y = 2.0 * y - 1.0
+        ref, loss = SVC(C=C, gamma=gamma, tol=1e-10), get_loss("hinge")
+    else:
+        X, y = sk_regression(n_samples=n, n_features=20, noise=10.0, random_state=3)
+        y = (y - y.mean()) / y.std()
+        ref, loss = SVR(C=C, gamma=gamma, epsilon=0.1, tol=1e-10), get_loss("epsilon_insensitive", epsilon=0.1)
+    X = (X - X.mean(0)) / X.std(0)
+    sizes = []
+    subproblem = ws._subproblem
+
+    def recording(col, K_BB, B, *args):
+        sizes.append(B.numel())
+        return subproblem(col, K_BB, B, *args)
+
+    monkeypatch.setattr(ws, "_subproblem", recording)
+    sigma = (0.5 / gamma) ** 0.5
+    op = ExactOperator(GaussianKernel(sigma), BlockData(torch.as_tensor(X), F64, torch.device("cpu")))
+    res = ws.working_set(op, torch.as_tensor(y).reshape(-1, 1), loss, torch.full((n,), C, dtype=F64),
+                         SolverOptions(max_iter=500, tol=1e-11), intercept=True, working_set_size=64)
+    assert res.status == "converged" and res.rel_gap <= 1e-11
+    assert max(sizes) > 4 * 64  # the cap (2 q) doubled at least twice: most support vectors are free
+    ref.fit(X, y)
+
+    class _Model:
+        alpha, result = res.alpha, res
+
+    K, a_ref, f_ref, f = _libsvm_and_ours(X, sigma, ref, _Model)
+    a = res.alpha[:, 0].numpy()
+    if name == "hinge":
+        def primal(a, f):
+            return 0.5 * a @ K @ a + C * np.maximum(0.0, 1.0 - y * f).sum()
+    else:
+        def primal(a, f):
+            return 0.5 * a @ K @ a + C * np.maximum(0.0, np.abs(y - f) - 0.1).sum()
+    assert primal(a, f) <= primal(a_ref, f_ref) * (1 + 1e-9)
+
+
 def test_working_set_stops_at_the_rounding_floor_of_the_default_tolerance():
     """At the estimators' default tol (1e-14, below the gap's rounding floor on an ill-conditioned problem) the
     working set stops as converged once its exact subproblem solves stop lowering the gap, at LIBSVM's optimum,
