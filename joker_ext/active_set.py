@@ -191,7 +191,9 @@ class _Column:
         """Solve one proximal round exactly. Returns ``(a, f, b, steps, sets)`` or None when the sets do not
         settle within ``max_steps`` active-set steps, or, with ``shrink``, as soon as a step changes the sets of
         more than ``shrink`` times as many coordinates as the step before (the changes of a round that settles
-        shrink fast; of one that does not, they do not shrink)."""
+        shrink fast; of one that does not, they do not shrink). A round with ``shrink`` is not damped: damping
+        holds back changes, so they shrink slowly whether the round settles or not (hinge, n = 4000, gamma = 0.5:
+        rounds abandoned at 33, 25, 22 changes settled undamped in three more steps)."""
         seen = []
         last_changes = None
         for step in range(1, max_steps + 1):
@@ -212,7 +214,7 @@ class _Column:
             if shrink is not None and last_changes is not None and changes > max(shrink * last_changes, FEW_CHANGES):
                 return None
             last_changes = changes
-            if step >= DAMP_AFTER:  # damped: only the largest violations change sets
+            if step >= DAMP_AFTER and shrink is None:  # damped: only the largest violations change sets
                 new_code, new_sgn, new_value = self._damped(changed, code, sgn, value, new_code, new_sgn, new_value,
                                                             a, keep=max(8, changes >> (step - DAMP_AFTER + 1)))
             seen.append((code, sgn))
