@@ -87,9 +87,9 @@ MAX_ESCALATIONS = 6
 #: The working set holds at most this many times ``q`` coordinates.
 MAX_SET_FACTOR = 2
 #: Outer iterations in a row whose working set the cap cut before the cap doubles (10 kept problems whose free set
-#: is a third to all of the support vectors at subproblems of half their free set for 10 iterations per doubling;
-#: 3 took those fits at n = 4000-10,000, d = 20, to 0.68-0.87x of 10, together with the shrink rule of the quick
-#: steps to 0.22-0.44x).
+#: is a third to all of the support vectors at subproblems of half their free set for 10 iterations per doubling:
+#: 3 took such fits (d = 20, n = 4000) to 0.68-0.87x of 10's time; with the quick steps' rule below as well, d = 20
+#: fits took 0.22-0.44x their earlier time at n = 4000-10,000).
 CAP_PATIENCE = 3
 #: Outer iterations in a row at the rounding floor (exact subproblem solves, a gap that no longer halves) before the
 #: fit stops as converged.
@@ -258,8 +258,8 @@ def _first_sets(sub: _Column, a, f, b: float, sigma: float):
 
 def _round_at_floor(sub: _Column, a, f, b: float, scale: float, shrink: Optional[float] = None):
     """The subproblem's exact solution ``(a_B, b)`` by active-set steps at the smallest proximal weight from the sets
-    predicted at ``(a, f = K_BB a, b)``; None when they do not settle within ``MAX_INNER`` steps (or stop shrinking
-    their changes by ``shrink``, :meth:`_Column.round`)."""
+    predicted at ``(a, f = K_BB a, b)``; None when they do not settle within ``MAX_INNER`` steps (or, with ``shrink``,
+    as soon as a step changes more than ``shrink`` times as many sets as the step before: :meth:`_Column.round`)."""
     s = SIGMA_FLOOR * scale / sub.c
     out = sub.round(a, f, b, a.clone(), s, *sub.predict(a, f, b, s, a), shrink=shrink)
     return None if out is None else (out[0], out[2])
