@@ -21,7 +21,7 @@ keeps ``Q + D`` definite). Its answer lies strictly inside the box; the caller s
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 
@@ -49,7 +49,8 @@ def _step_length(x: torch.Tensor, dx: torch.Tensor) -> float:
 
 def solve_box_qp(Q: torch.Tensor, lin: torch.Tensor, kink: float, lo: torch.Tensor, hi: torch.Tensor,
                  total: Optional[float] = None,
-                 tol: float = COMPLEMENTARITY_TOL) -> Tuple[torch.Tensor, float, int, bool]:
+                 tol: float = COMPLEMENTARITY_TOL, probe: Optional[Callable[[torch.Tensor, float], bool]] = None,
+                 probe_tol: float = 0.0) -> Tuple[torch.Tensor, float, int, bool]:
     """Solve the box QP of the module docstring.
 
     Parameters
@@ -63,6 +64,10 @@ def solve_box_qp(Q: torch.Tensor, lin: torch.Tensor, kink: float, lo: torch.Tens
         With it, the constraint ``sum a = total`` (its multiplier is returned as the intercept).
     tol : float
         Relative complementarity at which it stops (the dual residual's tolerance is ``max(tol, RESIDUAL_TOL)``).
+    probe : callable, optional
+        ``probe(a, eta) -> bool``, called once, at the first iterate whose relative complementarity is at most
+        ``probe_tol``: True stops the solver there (the caller has finished the problem from that iterate, e.g.
+        by active-set steps from the sets it predicts), and ``(a, eta, iterations, True)`` is returned.
 
     Returns
     -------
@@ -74,13 +79,20 @@ def solve_box_qp(Q: torch.Tensor, lin: torch.Tensor, kink: float, lo: torch.Tens
     if not bool(free.any()):
         return a, 0.0, 0, total is None or abs(float(a.sum()) - total) <= 1e-10 * max(1.0, float(a.abs().sum()))
     if bool(free.all()):  # the usual case: nothing to gather
-        return _mehrotra(Q, lin, float(kink), lo, hi, total, tol)
+        return _mehrotra(Q, lin, float(kink), lo, hi, total, tol, probe, probe_tol)
     idx = torch.nonzero(free).reshape(-1)
     fixed = torch.nonzero(~free).reshape(-1)
     rows = Q.index_select(0, idx)
     linF = lin[idx] - rows.index_select(1, fixed) @ lo[fixed]
     totF = None if total is None else total - float(lo[fixed].sum())
-    aF, eta, it, ok = _mehrotra(rows.index_select(1, idx), linF, float(kink), lo[idx], hi[idx], totF, tol)
+
+    def probe_all(aF, eta):
+        full = a.clone()
+        full[idx] = aF
+        return probe(full, eta)
+
+    aF, eta, it, ok = _mehrotra(rows.index_select(1, idx), linF, float(kink), lo[idx], hi[idx], totF, tol,
+                                probe_all if probe is not None else None, probe_tol)
     a[idx] = aF
     return a, eta, it, ok
 
@@ -152,9 +164,9 @@ def _direction(var: _Variables, L, ga, eta: float, s, z, curv, r_p: float, total
     return du, dv, d_eta, dz
 
 
-def _mehrotra(Q, lin, kink: float, lo, hi, total, tol: float):
+def _mehrotra(Q, lin, kink: float, lo, hi, total, tol: float, probe=None, probe_tol: float = 0.0):
     """Mehrotra's predictor-corrector on the variables of :class:`_Variables` from the middle of their boxes; returns
-    ``(a, eta, iterations, converged)``."""
+    ``(a, eta, iterations, converged)`` (``probe``: see :func:`solve_box_qp`)."""
     m = lin.numel()
     var = _Variables(lo, hi, kink)
     u, v = 0.5 * var.Wu, 0.5 * var.Wv
@@ -172,6 +184,10 @@ def _mehrotra(Q, lin, kink: float, lo, hi, total, tol: float):
         r_u = ga + eta + var.cost_u - z[0] + z[1]
         r_v = var.vmask * (-ga - eta + kink - z[2] + z[3])
         r_p = 0.0 if total is None else float(a.sum()) - total
+        if probe is not None and comp <= probe_tol * max(1.0, abs(objective)):
+            if probe(a, eta):
+                return a, eta, it, True
+            probe = None
         if comp <= tol * max(1.0, abs(objective)) and abs(r_p) <= 1e-12 * scale * m \
                 and float(torch.maximum(r_u.abs().max(), r_v.abs().max())) <= max(tol, RESIDUAL_TOL) * scale:
             converged = True

@@ -72,3 +72,28 @@ def test_solve_box_qp_reaches_the_cvxpy_optimum(case, seed):
         # (the interior-point answer is within about 1e-6 of the bounds it is active on)
         inside = ((a > lo + 1e-4) & (a < hi - 1e-4) & (a.abs() > 1e-4)).numpy()
         np.testing.assert_allclose(g[inside] + kink * np.sign(a.numpy()[inside]), 0.0, atol=1e-6)
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+def test_probe_is_called_once_at_its_tolerance_and_can_stop_the_solver(fixed):
+    """``probe`` sees the first iterate whose relative complementarity is at most ``probe_tol`` (inside the box; an
+    interior-point iterate need not be on the hyperplane yet); answering False leaves the solve as it was, True stops
+    it there."""
+    K, lin, _ = _problem(60, 3)
+    lo, hi = torch.full((60,), -1.0, dtype=F64), torch.full((60,), 1.0, dtype=F64)
+    if fixed:  # a few coordinates fixed: the probe still sees every coordinate
+        lo[:5] = hi[:5] = 0.25
+    plain = solve_box_qp(K, lin, 0.1, lo, hi, total=0.0, tol=1e-11)
+    seen = []
+
+    def declining(a, eta):
+        seen.append((a.clone(), eta))
+        return False
+
+    probed = solve_box_qp(K, lin, 0.1, lo, hi, total=0.0, tol=1e-11, probe=declining, probe_tol=1e-3)
+    assert len(seen) == 1 and probed[2] == plain[2] and torch.equal(probed[0], plain[0])
+    a, eta = seen[0]
+    assert a.numel() == 60 and bool((a >= lo).all() and (a <= hi).all()) and torch.equal(a[:5], lo[:5]) == fixed
+    assert not torch.equal(a, plain[0])  # an earlier iterate than the solution
+    stopped = solve_box_qp(K, lin, 0.1, lo, hi, total=0.0, tol=1e-11, probe=lambda a, eta: True, probe_tol=1e-3)
+    assert torch.equal(stopped[0], a) and stopped[1] == eta and stopped[2] < plain[2] and stopped[3]
