@@ -88,7 +88,8 @@ def supports_active_set(loss: Loss) -> bool:
 class _Column:
     """One target column: the box QP's data and the active-set iteration on it."""
 
-    def __init__(self, K, diagK, loss: Loss, y, c, intercept: bool, *, offset=None, total: float = 0.0):
+    def __init__(self, K, diagK, loss: Loss, y, c, intercept: bool, *, offset=None, total: float = 0.0,
+                 factor: Optional[FreeFactor] = None):
         self.K, self.diagK, self.loss, self.y, self.c = K, diagK, loss, y, c
         self.kink = float(loss.kink)
         zero = torch.zeros_like(y)
@@ -102,7 +103,7 @@ class _Column:
         self.total = float(total)
         self.intercept = intercept
         self.scale = float(diagK.mean()) if diagK.numel() else 1.0
-        self.factor = FreeFactor(cholesky_shifted)
+        self.factor = FreeFactor(cholesky_shifted) if factor is None else factor
 
     # ------------------------------------------------------------------ one active-set step
     def predict(self, a, f, b: float, s, abar):

@@ -51,6 +51,40 @@ def test_updates_solve_the_same_systems(monkeypatch, d_scale):
     assert factor.updates >= 6 and factor.fresh <= 6
 
 
+def test_relabelled_factor_solves_the_next_matrix(monkeypatch):
+    """A factor carried to another matrix that holds the same entries at other indices (the working set's next
+    subproblem: other points join, the order changes) solves that matrix's systems through updates (no fresh
+    factorisation) to the dense solve's accuracy, with pins kept across the relabelling; a wrong number of indices
+    is refused."""
+    monkeypatch.setattr(ff, "MIN_UPDATE_SIZE", 0)
+    n = 500
+    K = _kernel(n, gamma=0.2)
+    gen = torch.Generator().manual_seed(3)
+    d = 1e-6 * torch.ones(n, dtype=torch.float64)
+    first = torch.arange(0, 300)  # the first subproblem's points (global indices)
+    factor = ff.FreeFactor(cholesky_shifted)
+    free = torch.arange(0, 260)
+    V = torch.randn(free.numel(), 2, generator=gen, dtype=torch.float64)
+    factor.solve(K[first][:, first], None, free, d[first], V)
+    pinned = torch.arange(5, 260)  # a few coordinates leave the free set: pinned
+    factor.solve(K[first][:, first], None, pinned, d[first], V[5:])
+    held = first[factor.held()]
+    # the next subproblem: the held points and 150 others, numbered in another order
+    others = torch.arange(300, 500)[torch.randperm(200, generator=gen)[:150]]
+    nxt = torch.cat([others, held])[torch.randperm(150 + held.numel(), generator=gen)]
+    K2, d2 = K[nxt][:, nxt], d[nxt]
+    position = torch.argsort(nxt)[torch.searchsorted(torch.sort(nxt).values, held)]
+    factor.relabel(position)
+    fresh = factor.fresh
+    for grow in (0, 6, 12):  # the same free set, then a few new points join
+        free2 = torch.sort(torch.cat([position[5:], torch.nonzero(torch.isin(nxt, others[:grow])).reshape(-1)])).values
+        V2 = torch.randn(free2.numel(), 2, generator=gen, dtype=torch.float64)
+        _check(K2, d2, free2, V2, factor.solve(K2, None, free2, d2, V2), 1e-8)
+    assert factor.fresh == fresh
+    with pytest.raises(ValueError, match="relabel: expected"):
+        factor.relabel(position[:-1])
+
+
 def test_new_diagonal_factors_afresh(monkeypatch):
     """A different diagonal is a different matrix: the factor is not reused for it."""
     monkeypatch.setattr(ff, "MIN_UPDATE_SIZE", 0)
