@@ -106,6 +106,9 @@ WORKING_SET_ROW_VECTORS = 10
 #: |B| x |B| matrices of a working-set subproblem: ``K_BB`` and, at most, three more: the interior-point
 #: method's ``Q = K_BB + diag(h)``, its Newton matrix and factor; or the free part's block, factor and update.
 WORKING_SET_MATRICES = 4
+#: |B| x |B| matrices kept per target column between subproblems: the free part's factor that carries over and its
+#: pinned columns (:mod:`joker_ext.free_factor`).
+WORKING_SET_CARRIED = 2
 
 
 def working_set_cache_rows(n: int, itemsize: int, working_set_size: int = WORKING_SET_SIZE) -> int:
@@ -193,7 +196,7 @@ def estimate_fit_memory(n: int, d: int, T: int = 1, *, n_features: Optional[int]
         rows = working_set_cache_rows(n, itemsize, q) if cache_columns is None else max(1, min(int(cache_columns), n))
         B = min(n, 2 * q)
         per_row = n * (WORKING_SET_ROW_VECTORS * T + 1) * itemsize
-        per_block = (rows * n + WORKING_SET_MATRICES * B * B + B * d) * itemsize
+        per_block = (rows * n + (WORKING_SET_MATRICES + WORKING_SET_CARRIED * T) * B * B + B * d) * itemsize
         per_chunk = min(max(1, FILL_ELEMENTS // n), B) * n * itemsize  # the kernel rows of a cache fill
         return MemoryEstimate(per_row, per_block, per_chunk, 0)
     if solver == "newton":
