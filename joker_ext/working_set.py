@@ -64,8 +64,9 @@ were a fifth of an epsilon-insensitive fit at n = 4000).
 
 Cost per outer iteration: ``|B|^2 d`` for ``K_BB``, ``n |moved| d`` for the moved rows not cached,
 ``n |moved|`` for the update, and a few Cholesky factorisations of the free part of ``K_BB``
-(``|B|^3 / 3``). Memory: the cache, ``K_BB`` and the factor. Near the solution ``B`` holds every free coordinate and the last violators, and
-its subproblem is the whole problem restricted to the support vectors.
+(``|B|^3 / 3``). Memory: the cache, ``K_BB`` and the factor (kept per target column). Near the solution ``B``
+holds every free coordinate and the last violators, and its subproblem is the whole problem restricted to the
+support vectors.
 """
 from __future__ import annotations
 
@@ -257,9 +258,9 @@ def _best_intercept(bounds, b_sub: float) -> float:
 
 def _first_sets(sub: _Column, a, f, b: float, sigma: float, keep: Optional[int] = None):
     """The sets of a subproblem's first active-set step: the prox-gradient prediction at ``a``, except that of
-    the coordinates it would move off their current status only the ``FIRST_FREE`` worst violators do (the
-    others keep theirs). Freeing every violator of ``B`` at once factors ``|B|`` coordinates, most of which the
-    next steps send back to a bound."""
+    the coordinates it would move off their current status only the ``keep`` worst violators do (by default
+    ``FIRST_FREE`` times ``max(1, |free| / FIRST_FREE)``; the others keep theirs). Freeing every violator of ``B``
+    at once factors ``|B|`` coordinates, most of which the next steps send back to a bound."""
     s = sigma / sub.c
     pred = sub.predict(a, f, b, s, a)
     cur = sub.status(a)
@@ -282,7 +283,8 @@ def _round_at_floor(sub: _Column, a, f, b: float, scale: float, shrink: Optional
                     keep: Optional[int] = None):
     """The subproblem's exact solution ``(a_B, b)`` by active-set steps at the smallest proximal weight from the sets
     predicted at ``(a, f = K_BB a, b)``; None when they do not settle within ``MAX_INNER`` steps (or, with ``shrink``,
-    as soon as a step changes more than ``shrink`` times as many sets as the step before: :meth:`_Column.round`)."""
+    as soon as a step changes more than ``shrink`` times as many sets as the step before: :meth:`_Column.round`).
+    With ``keep``, the first step moves only that many violators off their current sets (:func:`_first_sets`)."""
     s = SIGMA_FLOOR * scale / sub.c
     sets = sub.predict(a, f, b, s, a) if keep is None else _first_sets(sub, a, f, b, SIGMA_FLOOR * scale, keep)
     out = sub.round(a, f, b, a.clone(), s, *sets, shrink=shrink)
@@ -331,7 +333,8 @@ def _subproblem(col: _Column, K_BB, B, a, f, b: float, sigma: float, floor: floa
     if mostly_free and K_BB.dtype == torch.float64:
         # near the solution the sets change little from one subproblem to the next: a few active-set steps from
         # the current sets (one factor update each) solve it, else the interior point does
-        exact_solution = _round_at_floor(sub, aB, fB, b, col.scale, QUICK_SHRINK, max(FIRST_FREE, int(QUICK_FIRST * free))) \
+        first = max(FIRST_FREE, int(QUICK_FIRST * free))
+        exact_solution = _round_at_floor(sub, aB, fB, b, col.scale, QUICK_SHRINK, first) \
             or _interior_point(sub, K_BB, col.scale)
         if exact_solution is not None:
             return exact_solution[0], exact_solution[1], sigma, floor, True
