@@ -264,10 +264,9 @@ class FreeFactor:
                 E = torch.zeros(u, missing.numel(), dtype=self.L0.dtype, device=self.L0.device)
                 E[missing, torch.arange(missing.numel(), device=E.device)] = 1.0
                 fresh = self._backward(self._forward(E))
-                if self._pin_W is None or self._pin_pos.numel() + missing.numel() > u:
-                    self._pin_W, self._pin_pos = fresh, missing  # start the cache over (it holds at most u columns)
-                    if missing.numel() < removed.numel():
-                        return self._pinned_inverse(removed, p)
+                # one column per position of U at most (positions are distinct): no more than the factor's size
+                if self._pin_W is None:
+                    self._pin_W, self._pin_pos = fresh, missing
                 else:
                     self._pin_W = torch.cat([self._pin_W, fresh], dim=1)
                     self._pin_pos = torch.cat([self._pin_pos, missing])

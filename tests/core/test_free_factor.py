@@ -85,6 +85,24 @@ def test_relabelled_factor_solves_the_next_matrix(monkeypatch):
         factor.relabel(position[:-1])
 
 
+def test_pinned_columns_kept_across_solves_stay_exact(monkeypatch):
+    """Pinned coordinates that change from solve to solve (a window sliding over the factor's coordinates, freed
+    again as it moves on, so that kept columns ``H_UU^{-1} e_j`` serve later solves) give the dense solve's answer at
+    every step, through updates of the one factor, and the kept columns never outnumber the factor's coordinates."""
+    monkeypatch.setattr(ff, "MIN_UPDATE_SIZE", 0)
+    K = _kernel(300, gamma=0.3, seed=2)
+    d = 1e-3 * torch.ones(300, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(5)
+    factor = ff.FreeFactor(cholesky_shifted)
+    for step in range(14):
+        pinned = torch.arange(30 * step, 30 * step + 30) % 300 if step else torch.tensor([], dtype=torch.long)
+        free = torch.tensor([i for i in range(300) if i not in set(pinned.tolist())])
+        V = torch.randn(free.numel(), 2, generator=gen, dtype=torch.float64)
+        _check(K, d, free, V, factor.solve(K, None, free, d, V), 1e-9)
+        assert factor._pin_W is None or factor._pin_W.shape[1] <= factor.U.numel()
+    assert factor.fresh == 1 and factor.updates == 13
+
+
 def test_new_diagonal_factors_afresh(monkeypatch):
     """A different diagonal is a different matrix: the factor is not reused for it."""
     monkeypatch.setattr(ff, "MIN_UPDATE_SIZE", 0)
