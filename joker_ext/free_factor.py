@@ -186,9 +186,11 @@ class FreeFactor:
         pos = torch.full((n,), -1, dtype=torch.long, device=d.device)
         pos[self.U] = torch.arange(self.U.numel(), device=d.device)
         added = free[pos[free] < 0]
+        # the factor's positions outside F (pinned); an extension appends positions, all of them in F
         held = torch.zeros(self.U.numel(), dtype=torch.bool, device=d.device)
         held[pos[free][pos[free] >= 0]] = True
-        new_pins = int((~held).sum()) - int(self._pinned_columns(torch.nonzero(~held).reshape(-1)).ge(0).sum())
+        removed = torch.nonzero(~held).reshape(-1)
+        new_pins = removed.numel() - int(self._pinned_columns(removed).ge(0).sum())
         if (UPDATE_RATIO * (added.numel() + new_pins) > m or len(self.rows) >= MAX_BLOCKS
                 or self.U.numel() + added.numel() > MAX_GROWTH * m + SLACK):
             return None
@@ -196,10 +198,7 @@ class FreeFactor:
             if not self._extend(K, added, d):
                 return None
             pos[added] = torch.arange(self.U.numel() - added.numel(), self.U.numel(), device=d.device)
-        p = pos[free]
-        held = torch.zeros(self.U.numel(), dtype=torch.bool, device=d.device)
-        held[p] = True
-        inverse = self._pinned_inverse(torch.nonzero(~held).reshape(-1), p)
+        inverse = self._pinned_inverse(removed, pos[free])
         if inverse is None:
             return None
         X = inverse(V)

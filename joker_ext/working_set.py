@@ -215,6 +215,12 @@ def _rows_product(R: torch.Tensor, rows: torch.Tensor, V: torch.Tensor) -> torch
     return torch.sparse.mm(S, R).T
 
 
+def _free(col: _Column, a, idx: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Which coordinates (of ``idx``, all by default) are free: strictly inside the box and off the kink."""
+    a, lo, hi = (a, col.lo, col.hi) if idx is None else (a[idx], col.lo[idx], col.hi[idx])
+    return (a > lo) & (a < hi) & (a != 0)
+
+
 def _select(col: _Column, a, bounds, q: int, intercept: bool, b: float = 0.0, cap: Optional[int] = None):
     """The working set (sorted): the free coordinates (``lo < a_i < hi``, ``a_i != 0``) and the worst violators
     of the optimality conditions, at least as many as free ones, so that the set grows to ``2 |free|``
@@ -225,7 +231,7 @@ def _select(col: _Column, a, bounds, q: int, intercept: bool, b: float = 0.0, ca
     at ``a``. Returns the set and whether the cap cut the free coordinates."""
     lower, upper = bounds
     n = a.numel()
-    free = torch.nonzero((a > col.lo) & (a < col.hi) & (a != 0)).reshape(-1)
+    free = torch.nonzero(_free(col, a)).reshape(-1)
     cap = MAX_SET_FACTOR * q if cap is None else cap
     cut = 2 * free.numel() > cap
     if cut:  # a free coordinate is optimal at b = lower = upper
@@ -329,7 +335,7 @@ def _subproblem(col: _Column, K_BB, B, a, f, b: float, sigma: float, floor: floa
     # a set of mostly violators gets one settled round (the next working set brings other violators); a set
     # of mostly free coordinates is the problem restricted to its support vectors: solved exactly by the
     # interior-point method (float64: its tolerances are float64's), else (when it fails) by SUB_ROUNDS rounds
-    free = int(((aB > col.lo[B]) & (aB < col.hi[B]) & (aB != 0)).sum())
+    free = int(_free(col, a, B).sum())
     if mostly_free and K_BB.dtype == torch.float64:
         # near the solution the sets change little from one subproblem to the next: a few active-set steps from
         # the current sets (one factor update each) solve it, else the interior point does
@@ -418,8 +424,7 @@ def _decompose(src: _KernelRows, diagK, loss: Loss, Y, c_col, alpha, F, intercep
     def solve_column(t: int, col: _Column) -> None:
         a = alpha[:, t]
         B, cut = _select(col, a, bounds[t], q, intercept, float(b_all[t]), cap[t])
-        free = int(((a[B] > col.lo[B]) & (a[B] < col.hi[B]) & (a[B] != 0)).sum())
-        mostly_free = 2 * free >= B.numel()
+        mostly_free = 2 * int(_free(col, a, B).sum()) >= B.numel()
         if held[t] is not None:  # the column's free-block factor carries over when it holds little outside B
             outside = held[t][~torch.isin(held[t], B)]
             if not mostly_free or CARRY_RATIO * outside.numel() > held[t].numel():
