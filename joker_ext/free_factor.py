@@ -17,10 +17,13 @@ updates of the Schur-complement method of QP active-set solvers; Gill, Murray, S
 A step factors ``H_FF`` afresh (``|F|^3 / 3``) when ``d`` changed on ``U``, when the update would cost more than
 about half of that (``UPDATE_RATIO (|A| + |new pins|) > |F|``), when the factor holds many more coordinates than
 ``F``, or when ``F`` is small (:data:`MIN_UPDATE_SIZE`: the update's bookkeeping then costs as much as the
-factorisation). Every updated solve is refined by its residual ``v - H_FF x`` (one product with the rows ``K_F:``
-that the caller has gathered anyway) once, and once more when that residual is above :data:`RESIDUAL_TOL`
-(relative to ``|v| + |H_FF| |x|``, the scale of a fresh factorisation's rounding); a residual still above it means
-the pinned system lost accuracy, and the step factors afresh.
+factorisation). An updated solve is refined by its residual ``v - H_FF x`` (one product with the rows ``K_F:``)
+once, and once more when that residual is above :data:`RESIDUAL_TOL` (relative to ``|v| + |H_FF| |x|``, the scale
+of a fresh factorisation's rounding); a residual still above it means the pinned system lost accuracy, and the
+step factors afresh. A caller whose steps need full accuracy only at the last one asks for no refinement
+(``refine=False``) and refines that step itself: the active-set rounds read the residual off the predictions they
+form anyway (:meth:`joker_ext.active_set._Column.round`); the refinement's products were a fifth of a hard
+working-set fit.
 
 The factor may serve another matrix holding the same entries at other indices (:meth:`FreeFactor.relabel`): the
 working-set engine carries it from one subproblem's ``K_BB`` to the next.
@@ -107,20 +110,36 @@ class FreeFactor:
         self.d_U: Optional[torch.Tensor] = None  # the diagonal shift the factor holds, at the positions of U
         self.fresh = 0  # factorisations of a whole free block
         self.updates = 0  # solves through an updated factor
+        self.refined = True  # whether the last solve has a fresh factorisation's accuracy (see solve's refine)
         self._row_norms: Optional[torch.Tensor] = None  # |K_i:|_1, for the residual test
         self._pin_W: Optional[torch.Tensor] = None  # H_UU^{-1} E for the factor positions _pin_pos (u x k)
         self._pin_pos: Optional[torch.Tensor] = None
 
     def solve(self, K: torch.Tensor, K_F: Optional[torch.Tensor], free: torch.Tensor, d: torch.Tensor,
-              V: torch.Tensor) -> torch.Tensor:
+              V: torch.Tensor, *, refine: bool = True, fresh: bool = False) -> torch.Tensor:
         """``(K_FF + diag(d_F))^{-1} V`` for the sorted, unique indices ``free``; ``K_F = K[free, :]`` when the
-        caller has gathered it (else products go through all of ``K``)."""
-        if self.L0 is not None and free.numel() >= MIN_UPDATE_SIZE and torch.equal(d[self.U], self.d_U):
-            X = self._updated_solve(K, K_F, free, d, V)
+        caller has gathered it (else products go through all of ``K``).
+
+        With ``refine=False`` an updated solve is returned unrefined (:attr:`refined` then says so): a caller that
+        takes many steps and needs only the last one to full accuracy refines that one itself, through the
+        residual it computes anyway (:meth:`joker_ext.active_set._Column.round`). ``fresh`` factors ``H_FF``
+        afresh whatever the factor holds."""
+        if (not fresh and self.L0 is not None and free.numel() >= MIN_UPDATE_SIZE
+                and torch.equal(d[self.U], self.d_U)):
+            X = self._updated_solve(K, K_F, free, d, V, refine)
             if X is not None:
                 self.updates += 1
+                self.refined = refine
                 return X
+        self.refined = True
         return self._fresh_solve(K, K_F, free, d, V)
+
+    def residual_scale(self, K: torch.Tensor, free: torch.Tensor, d: torch.Tensor) -> float:
+        """``max_i (|K_i:|_1 + |d_i|)`` over ``i`` in ``free``: bounds ``|H_FF|_inf``, the scale of a fresh
+        factorisation's residual ``|v - H_FF x| ~ eps |H_FF|_inf |x|``."""
+        if self._row_norms is None:
+            self._row_norms = torch.linalg.vector_norm(K, ord=1, dim=1)
+        return float(self._row_norms[free].max() + d[free].abs().max())
 
     def _fresh_solve(self, K, K_F, free, d, V):
         self.L0, self.rows = None, []  # the old factor goes before the new block is formed (peak: K, H, L)
@@ -181,7 +200,7 @@ class FreeFactor:
         return X
 
     # ------------------------------------------------------------------ updates
-    def _updated_solve(self, K, K_F, free, d, V):
+    def _updated_solve(self, K, K_F, free, d, V, refine: bool = True):
         n, m = d.numel(), free.numel()
         pos = torch.full((n,), -1, dtype=torch.long, device=d.device)
         pos[self.U] = torch.arange(self.U.numel(), device=d.device)
@@ -202,10 +221,9 @@ class FreeFactor:
         if inverse is None:
             return None
         X = inverse(V)
-        # |H_FF|_inf |x| bounds the rounding of a fresh factorisation's solve (|K_F:|_1 >= |K_FF|_1 by rows)
-        if self._row_norms is None:
-            self._row_norms = torch.linalg.vector_norm(K, ord=1, dim=1)
-        norm_H = float(self._row_norms[free].max() + d[free].abs().max())
+        if not refine:
+            return X
+        norm_H = self.residual_scale(K, free, d)
         for step in range(1 + REFINEMENTS):
             embedded = X.new_zeros(n, X.shape[1])
             embedded[free] = X

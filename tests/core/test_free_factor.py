@@ -146,3 +146,54 @@ def test_huber_fit_through_updates_matches_libsvm(monkeypatch):
     primal = 0.5 * a @ (K @ a) + C * np.where(r <= delta, 0.5 * r ** 2, delta * (r - 0.5 * delta)).sum()
     assert est.relative_gap_ <= 1e-10
     assert abs(est.primal_objective_ - primal) <= 1e-9 * primal
+
+
+
+def test_polish_refines_an_inexact_step_to_the_dense_solves_accuracy():
+    """``_Column._polish`` takes a settled step whose free coordinates (and intercept) are off by 1e-6 relative (an
+    unrefined solve through a pinned factor) to a KKT residual of the free rows
+    (``(K a)_F + (h + s)_F a_F + b - r_F + kink sign_F``, ``K a`` formed here) as small as numpy's dense solve of the
+    same bordered system leaves, with ``f = K a`` and ``sum a`` kept; hinge dual with intercept, 200+ free
+    coordinates, proximal weight 1e-13 (``K_FF`` alone: ill-conditioned)."""
+    from joker_ext.active_set import FREE, _Column
+    from joker_ext.losses import get_loss
+
+    n = 400
+    X = np.random.default_rng(4).normal(size=(n, 3))
+    K = torch.tensor(rbf_kernel(X, gamma=0.3))
+    y = torch.tensor(np.where(X[:, 0] + 0.5 * np.random.default_rng(5).normal(size=n) > 0, 1.0, -1.0))
+    C = 1.0
+    c = torch.full((n,), C, dtype=torch.float64)
+    col = _Column(K, K.diagonal().clone(), get_loss("hinge"), y, c, True)
+    zero = torch.zeros(n, dtype=torch.float64)
+    abar, _, _, _, (code, sgn, value) = col.round(zero, zero.clone(), 0.0, zero.clone(), col.scale / c)
+    free = (code == FREE).numpy()
+    assert free.sum() > 200
+    s = 1e-4 * col.scale / c
+    Kn, d, m = K.numpy(), (col.h + s).numpy(), int(free.sum())
+    target = ((col.lin + s * abar).numpy() - col.kink * sgn.numpy())[free]
+    # numpy's dense solve of the bordered system of these sets
+    ref = value.numpy().copy()
+    ref[free] = 0.0
+    H = Kn[np.ix_(free, free)] + np.diag(d[free])
+    bordered = np.block([[H, np.ones((m, 1))], [np.ones((1, m)), np.zeros((1, 1))]])
+    sol = np.linalg.solve(bordered, np.concatenate([target - Kn[free] @ ref, [col.total - ref.sum()]]))
+    ref[free], b_ref = sol[:m], sol[m]
+
+    def residual(aa, bb):
+        r = (Kn @ aa)[free] + d[free] * aa[free] + bb - target
+        return np.abs(r).max() / (np.abs(target).max() + np.abs(Kn[free]).sum(1).max() * np.abs(aa).max())
+
+    noise = np.random.default_rng(6).normal(size=m)
+    a0 = torch.tensor(ref)
+    a0[torch.tensor(free)] += torch.tensor(1e-6 * np.abs(ref).max() * (noise - noise.mean()))
+    b0 = b_ref * (1 + 1e-6)
+    col.factor.solve(K, None, torch.nonzero(code == FREE).reshape(-1), col.h + s,
+                     torch.ones(m, 1, dtype=torch.float64))  # the factor of the step's free block
+    assert residual(a0.numpy(), b0) > 1e-9
+    a1, f1, b1 = col._polish(a0, K @ a0, b0, code, sgn, value, s, abar)
+    an = a1.numpy()
+    assert residual(an, b1) <= 10 * max(residual(ref, b_ref), 1e-16)
+    assert abs(an.sum() - col.total) <= 1e-12 * np.abs(an).sum()
+    assert np.abs(f1.numpy() - Kn @ an).max() <= 1e-13 * (np.abs(Kn) @ np.abs(an)).max()  # its rounding
+    assert np.array_equal(an[~free], value.numpy()[~free])  # the fixed coordinates stay where the sets put them
