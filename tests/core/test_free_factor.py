@@ -149,12 +149,15 @@ def test_huber_fit_through_updates_matches_libsvm(monkeypatch):
 
 
 
-def test_polish_refines_an_inexact_step_to_the_dense_solves_accuracy():
+@pytest.mark.parametrize("fallback", [False, True])
+def test_polish_refines_an_inexact_step_to_the_dense_solves_accuracy(monkeypatch, fallback):
     """``_Column._polish`` takes a settled step whose free coordinates (and intercept) are off by 1e-6 relative (an
     unrefined solve through a pinned factor) to a KKT residual of the free rows
     (``(K a)_F + (h + s)_F a_F + b - r_F + kink sign_F``, ``K a`` formed here) as small as numpy's dense solve of the
     same bordered system leaves, with ``f = K a`` and ``sum a`` kept; hinge dual with intercept, 200+ free
-    coordinates, proximal weight 1e-13 (``K_FF`` alone: ill-conditioned)."""
+    coordinates, proximal weight 1e-4 (condition number of ``H_FF`` about 1e4). With a residual test that never
+    passes (``fallback``) it ends in a fresh factorisation, to the same accuracy."""
+    import joker_ext.active_set as act
     from joker_ext.active_set import FREE, _Column
     from joker_ext.losses import get_loss
 
@@ -191,7 +194,12 @@ def test_polish_refines_an_inexact_step_to_the_dense_solves_accuracy():
     col.factor.solve(K, None, torch.nonzero(code == FREE).reshape(-1), col.h + s,
                      torch.ones(m, 1, dtype=torch.float64))  # the factor of the step's free block
     assert residual(a0.numpy(), b0) > 1e-9
+    monkeypatch.setattr(ff, "MIN_UPDATE_SIZE", 0)  # the corrections go through the factor just formed
+    if fallback:
+        monkeypatch.setattr(act, "RESIDUAL_TOL", 0.0)
+    fresh = col.factor.fresh
     a1, f1, b1 = col._polish(a0, K @ a0, b0, code, sgn, value, s, abar)
+    assert col.factor.fresh == fresh + fallback
     an = a1.numpy()
     assert residual(an, b1) <= 10 * max(residual(ref, b_ref), 1e-16)
     assert abs(an.sum() - col.total) <= 1e-12 * np.abs(an).sum()
