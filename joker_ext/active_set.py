@@ -45,7 +45,7 @@ from typing import Optional, Tuple
 import torch
 
 from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag
-from .free_factor import REFINEMENTS, RESIDUAL_TOL, FreeFactor
+from .free_factor import FreeFactor
 from .losses import Loss
 from .memory import is_out_of_memory
 from .newton_exact import cholesky_shifted, newton_direction
@@ -59,6 +59,14 @@ MAX_INNER = 15
 DAMP_AFTER = 4
 #: A round asked to ``shrink`` its changes is not stopped for a step that changes at most this many coordinates.
 FEW_CHANGES = 8
+#: Largest relative KKT residual ``|r_F|_max / (|rhs_F|_max + |f_F|_max + |H_FF|_inf |a_F|_max)`` that a settled
+#: step's refinement accepts (:meth:`_Column._polish`; the scale of a fresh factorisation's rounding).
+RESIDUAL_TOL = 1e-13
+#: Refinement steps of a settled step solved through an updated factor: the first is always taken (a residual below
+#: ``RESIDUAL_TOL`` at once still left solutions whose duality gap stalled at 1e-10, above the rounding floor, once
+#: the working set carried a factor from one subproblem to the next, so that the last solves of a fit were updated
+#: ones), the second when the residual asks for it.
+REFINEMENTS = 2
 #: Below this many rows the first active sets come from a plain start (every coordinate free).
 BASE_ROWS = 1024
 #: First proximal weight (times ``mean(diag K) c_i``), its smallest value, and the adaptive rule.
@@ -104,7 +112,7 @@ class _Column:
         self.intercept = intercept
         self.scale = float(diagK.mean()) if diagK.numel() else 1.0
         self.factor = FreeFactor(cholesky_shifted) if factor is None else factor
-        self.unrefined = False  # whether the last solve went through an unrefined factor update
+        self.unrefined = False  # whether the last solve went through an (unrefined) factor update
 
     # ------------------------------------------------------------------ one active-set step
     def predict(self, a, f, b: float, s, abar):
@@ -138,8 +146,8 @@ class _Column:
     def solve(self, code, sgn, value, s, abar, fresh: bool = False) -> Tuple[torch.Tensor, float]:
         """The point with the fixed coordinates at ``value`` and the free ones (and b) solving the KKT system
         (through :attr:`factor`, which updates the last step's Cholesky factor when the sets changed little; its
-        updated solves are not refined here: :meth:`_polish` refines the step that settles, the only one whose
-        accuracy counts; ``fresh`` factors the free block afresh)."""
+        updated solves are unrefined: :meth:`_polish` refines the step that settles, the only one whose accuracy
+        counts; ``fresh`` factors the free block afresh)."""
         free = torch.nonzero(code == FREE).reshape(-1)
         a = torch.where(code == FREE, torch.zeros_like(value), value)
         fixed_sum = float(a.sum())
@@ -151,8 +159,8 @@ class _Column:
         Ka = K_F @ a if K_F is not None else (self.K @ a)[free]
         rhs = (self.lin + s * abar)[free] - self.kink * sgn[free] - Ka
         V = torch.stack([rhs, torch.ones_like(rhs)], dim=1) if self.intercept else rhs.unsqueeze(1)
-        sol = self.factor.solve(self.K, K_F, free, self.h + s, V, refine=False, fresh=fresh)
-        self.unrefined = not self.factor.refined
+        sol = self.factor.solve(self.K, K_F, free, self.h + s, V, fresh=fresh)
+        self.unrefined = self.factor.updated
         if self.intercept:
             b = float((sol[:, 0].sum() + fixed_sum - self.total) / sol[:, 1].sum())
             a[free] = sol[:, 0] - b * sol[:, 1]
@@ -182,7 +190,7 @@ class _Column:
             if step == REFINEMENTS:
                 break
             V = torch.stack([r, torch.ones_like(r)], dim=1) if self.intercept else r.unsqueeze(1)
-            sol = self.factor.solve(self.K, None, free, d, V, refine=False)
+            sol = self.factor.solve(self.K, None, free, d, V)
             delta = torch.zeros_like(a)
             if self.intercept:
                 db = float((sol[:, 0].sum() - e) / sol[:, 1].sum())

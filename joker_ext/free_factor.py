@@ -12,18 +12,16 @@ updates of the Schur-complement method of QP active-set solvers; Gill, Murray, S
   with ``E`` the columns of the identity at ``R`` and ``mu`` solving ``(E^T H_UU^{-1} E) mu = E^T H_UU^{-1} v``,
   so that ``x_R = 0`` and ``(H_UU x)_F = v_F``, i.e. ``H_FF x_F = v_F``. The columns ``W = H_UU^{-1} E`` are kept
   while the factor lives (a coordinate pinned at one step is mostly pinned at the next ones): a new pin costs
-  ``2 |U|^2``, an extension borders the kept columns (:meth:`FreeFactor._pinned_inverse`).
+  ``2 |U|^2``, an extension borders the kept columns (:meth:`FreeFactor._pinned_solve`).
 
 A step factors ``H_FF`` afresh (``|F|^3 / 3``) when ``d`` changed on ``U``, when the update would cost more than
 about half of that (``UPDATE_RATIO (|A| + |new pins|) > |F|``), when the factor holds many more coordinates than
 ``F``, or when ``F`` is small (:data:`MIN_UPDATE_SIZE`: the update's bookkeeping then costs as much as the
-factorisation). An updated solve is refined by its residual ``v - H_FF x`` (one product with the rows ``K_F:``)
-once, and once more when that residual is above :data:`RESIDUAL_TOL` (relative to ``|v| + |H_FF| |x|``, the scale
-of a fresh factorisation's rounding); a residual still above it means the pinned system lost accuracy, and the
-step factors afresh. A caller whose steps need full accuracy only at the last one asks for no refinement
-(``refine=False``) and refines that step itself: the active-set rounds read the residual off the predictions they
-form anyway (:meth:`joker_ext.active_set._Column.round`); the refinement's products were a fifth of a hard
-working-set fit.
+factorisation). An updated solve is not refined here (:attr:`FreeFactor.updated` says the last solve was one):
+the active-set rounds need full accuracy only at the step at which their sets settle, and refine that one from the
+residual that their predictions ``K a`` give anyway, factoring afresh when the pinned system lost accuracy
+(:meth:`joker_ext.active_set._Column._polish`; refining every updated solve here cost a fifth of a hard working-set
+fit). :meth:`FreeFactor.residual_scale` gives the scale of a fresh factorisation's rounding for that test.
 
 The factor may serve another matrix holding the same entries at other indices (:meth:`FreeFactor.relabel`): the
 working-set engine carries it from one subproblem's ``K_BB`` to the next.
@@ -51,14 +49,6 @@ SLACK = 32
 MIN_UPDATE_SIZE = 256
 #: Extensions kept as separate block rows before the next step factors afresh.
 MAX_BLOCKS = 16
-#: Largest relative residual ``|v - H_FF x|_max / (|v|_max + |H_FF|_inf |x|_max)`` of an updated solve after one
-#: refinement step.
-RESIDUAL_TOL = 1e-13
-#: Refinement steps of an updated solve: the first is always taken (a residual below ``RESIDUAL_TOL`` at once still
-#: left solutions whose duality gap stalled at 1e-10, above the rounding floor, once the working set carried a factor
-#: from one subproblem to the next, so that the last solves of a fit were updated ones), the second when the
-#: residual asks for it.
-REFINEMENTS = 2
 
 
 #: Entries of ``K`` gathered at a time by :func:`principal_block` (bounds its temporary rows).
@@ -110,28 +100,25 @@ class FreeFactor:
         self.d_U: Optional[torch.Tensor] = None  # the diagonal shift the factor holds, at the positions of U
         self.fresh = 0  # factorisations of a whole free block
         self.updates = 0  # solves through an updated factor
-        self.refined = True  # whether the last solve has a fresh factorisation's accuracy (see solve's refine)
+        self.updated = False  # whether the last solve went through an updated factor (unrefined)
         self._row_norms: Optional[torch.Tensor] = None  # |K_i:|_1, for the residual test
         self._pin_W: Optional[torch.Tensor] = None  # H_UU^{-1} E for the factor positions _pin_pos (u x k)
         self._pin_pos: Optional[torch.Tensor] = None
 
     def solve(self, K: torch.Tensor, K_F: Optional[torch.Tensor], free: torch.Tensor, d: torch.Tensor,
-              V: torch.Tensor, *, refine: bool = True, fresh: bool = False) -> torch.Tensor:
+              V: torch.Tensor, *, fresh: bool = False) -> torch.Tensor:
         """``(K_FF + diag(d_F))^{-1} V`` for the sorted, unique indices ``free``; ``K_F = K[free, :]`` when the
-        caller has gathered it (else products go through all of ``K``).
-
-        With ``refine=False`` an updated solve is returned unrefined (:attr:`refined` then says so): a caller that
-        takes many steps and needs only the last one to full accuracy refines that one itself, through the
-        residual it computes anyway (:meth:`joker_ext.active_set._Column.round`). ``fresh`` factors ``H_FF``
-        afresh whatever the factor holds."""
+        caller has gathered it (a fresh factorisation then takes ``H_FF`` from them). An updated solve is
+        returned unrefined (:attr:`updated` then says so); ``fresh`` factors ``H_FF`` afresh whatever the factor
+        holds."""
         if (not fresh and self.L0 is not None and free.numel() >= MIN_UPDATE_SIZE
                 and torch.equal(d[self.U], self.d_U)):
-            X = self._updated_solve(K, K_F, free, d, V, refine)
+            X = self._updated_solve(K, free, d, V)
+            self.updated = X is not None
             if X is not None:
                 self.updates += 1
-                self.refined = refine
                 return X
-        self.refined = True
+        self.updated = False
         return self._fresh_solve(K, K_F, free, d, V)
 
     def residual_scale(self, K: torch.Tensor, free: torch.Tensor, d: torch.Tensor) -> float:
@@ -200,7 +187,7 @@ class FreeFactor:
         return X
 
     # ------------------------------------------------------------------ updates
-    def _updated_solve(self, K, K_F, free, d, V, refine: bool = True):
+    def _updated_solve(self, K, free, d, V):
         n, m = d.numel(), free.numel()
         pos = torch.full((n,), -1, dtype=torch.long, device=d.device)
         pos[self.U] = torch.arange(self.U.numel(), device=d.device)
@@ -217,22 +204,7 @@ class FreeFactor:
             if not self._extend(K, added, d):
                 return None
             pos[added] = torch.arange(self.U.numel() - added.numel(), self.U.numel(), device=d.device)
-        inverse = self._pinned_inverse(removed, pos[free])
-        if inverse is None:
-            return None
-        X = inverse(V)
-        if not refine:
-            return X
-        norm_H = self.residual_scale(K, free, d)
-        for step in range(1 + REFINEMENTS):
-            embedded = X.new_zeros(n, X.shape[1])
-            embedded[free] = X
-            HX = K_F @ embedded if K_F is not None else (K @ embedded)[free]
-            R = V - (HX + d[free].unsqueeze(1) * X)
-            if step and float(R.abs().max()) <= RESIDUAL_TOL * (float(V.abs().max()) + norm_H * float(X.abs().max())):
-                return X
-            X = X + inverse(R)
-        return None
+        return self._pinned_solve(removed, pos[free], V)
 
     def _extend(self, K, added, d) -> bool:
         """Add the block row of ``added`` (False when its Schur complement is not numerically positive
@@ -261,10 +233,10 @@ class FreeFactor:
             where[self._pin_pos] = torch.arange(self._pin_pos.numel(), device=removed.device)
         return where[removed]
 
-    def _pinned_inverse(self, removed: torch.Tensor, p: torch.Tensor):
-        """``V -> H_FF^{-1} V`` through the factor of ``H_UU`` with the coordinates at the positions ``removed``
-        pinned to zero (``p``: the positions of ``F`` in the factor); None when the pinned system is not
-        numerically positive definite.
+    def _pinned_solve(self, removed: torch.Tensor, p: torch.Tensor, V: torch.Tensor) -> Optional[torch.Tensor]:
+        """``H_FF^{-1} V`` through the factor of ``H_UU`` with the coordinates at the positions ``removed`` pinned to
+        zero (``p``: the positions of ``F`` in the factor); None when the pinned system is not numerically positive
+        definite.
 
         The columns ``H_UU^{-1} e_j`` of the pinned positions are kept from one solve to the next (a coordinate
         pinned at one step is pinned at the next ones too, while the factor lives): a new pin costs two triangular
@@ -292,13 +264,9 @@ class FreeFactor:
             S = _cholesky(W.index_select(0, removed))
             if S is None:
                 return None
-
-        def inverse(V):
-            Y = V.new_zeros(u, V.shape[1])
-            Y[p] = V
-            Y = self._backward(self._forward(Y))
-            if W is not None:
-                Y = Y - W @ cholesky_solve(Y.index_select(0, removed), S)
-            return Y[p]
-
-        return inverse
+        Y = V.new_zeros(u, V.shape[1])
+        Y[p] = V
+        Y = self._backward(self._forward(Y))
+        if W is not None:
+            Y = Y - W @ cholesky_solve(Y.index_select(0, removed), S)
+        return Y[p]
