@@ -425,10 +425,12 @@ def _decompose(src: _KernelRows, diagK, loss: Loss, Y, c_col, alpha, F, intercep
         a = alpha[:, t]
         B, cut = _select(col, a, bounds[t], q, intercept, float(b_all[t]), cap[t])
         mostly_free = 2 * int(_free(col, a, B).sum()) >= B.numel()
-        if held[t] is not None:  # the column's free-block factor carries over when it holds little outside B
-            outside = held[t][~torch.isin(held[t], B)]
-            if not mostly_free or CARRY_RATIO * outside.numel() > held[t].numel():
-                factors[t], held[t] = FreeFactor(cholesky_shifted), None
+        # the points whose block the column's free-block factor holds (numbered in its last subproblem's set)
+        held = None if factors[t].held() is None else last_set[t][factors[t].held()]
+        if held is not None:  # the factor carries over when it holds little outside B
+            outside = held[~torch.isin(held, B)]
+            if not mostly_free or CARRY_RATIO * outside.numel() > held.numel():
+                factors[t], held = FreeFactor(cholesky_shifted), None
             elif outside.numel():
                 B = torch.unique(torch.cat([B, outside]))
         # the set its last subproblem solved exactly, nothing outside it changed since: the same subproblem,
@@ -442,12 +444,10 @@ def _decompose(src: _KernelRows, diagK, loss: Loss, Y, c_col, alpha, F, intercep
         if cuts[t] >= CAP_PATIENCE:
             cap[t], cuts[t] = 2 * cap[t], 0
         K_BB = src.block(B)
-        if held[t] is not None:
-            factors[t].relabel(torch.searchsorted(B, held[t]))
+        if held is not None:
+            factors[t].relabel(torch.searchsorted(B, held))
         aB, b_sub[t], sigma[t], floor[t], exact[t] = _subproblem(col, K_BB, B, a, F[:, t], b_sub[t], sigma[t],
                                                                  floor[t], factors[t], mostly_free)
-        U = factors[t].held()
-        held[t] = None if U is None else B[U]
         # a weight that cycled here is tried again only after a few more subproblems
         floor[t] = max(SIGMA_FLOOR * scale, floor[t] / FLOOR_DECAY)
         delta = aB - a[B]
@@ -462,8 +462,8 @@ def _decompose(src: _KernelRows, diagK, loss: Loss, Y, c_col, alpha, F, intercep
     exact, stalls, best = [False] * T, [0], [math.inf]
     repeat, last_set = [False] * T, [None] * T
     # each column's free-block factor, kept from one subproblem to the next (near the solution the free set
-    # changes little between them), and the coordinates it holds
-    factors, held = [FreeFactor(cholesky_shifted) for _ in range(T)], [None] * T
+    # changes little between them)
+    factors = [FreeFactor(cholesky_shifted) for _ in range(T)]
 
     def at_floor(rec: dict) -> Optional[str]:
         # every open column solved its last subproblem exactly and the gap, at its rounding floor, stopped
