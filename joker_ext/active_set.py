@@ -258,6 +258,7 @@ class _Column:
                 changed = (new_code != code) | (new_sgn != sgn)
             if self.kink:
                 new_code, new_sgn, new_value = self._stop_at_kink(code, sgn, new_code, new_sgn, new_value)
+            new_code, new_sgn, new_value = self._stop_between_bounds(code, new_code, new_sgn, new_value)
             changes = int(changed.sum())
             if not changes:
                 if self.intercept and not self._balanced(a):
@@ -286,6 +287,22 @@ class _Column:
             return new_code, new_sgn, new_value
         return (torch.where(flip, ZERO, new_code), torch.where(flip, 0.0, new_sgn),
                 torch.where(flip, 0.0, new_value))
+
+    def _stop_between_bounds(self, code, new_code, new_sgn, new_value):
+        """The next sets, except that a coordinate predicted to jump from one bound of its box to the other stops
+        in between: free, or at the kink where the kink lies inside the box (it gets there first; it reaches the
+        other bound at a later step if it must). At small ``C`` the prox-gradient point of many coordinates lies
+        beyond the whole box, and jumping straight across made the sets swing: hinge at C = 1, n = 10,000, 100-250
+        coordinates went from one bound to the other at each step, rounds ran to their step limit and
+        subproblems went to the interior point (0.55-0.86x the time with the stop at C = 0.1-1, three data seeds;
+        absolute loss at C = 1, n = 4000: 0.73x; the other grid problems within 5 %)."""
+        jump = (code * new_code) == LOWER * UPPER  # one bound to the other (the codes FREE = 0 and ZERO = 3 never)
+        if not bool(jump.any()):
+            return new_code, new_sgn, new_value
+        to_kink = jump & self.kink_inside if self.kink else torch.zeros_like(jump)
+        stop = torch.where(to_kink, ZERO, FREE).to(new_code.dtype)
+        return (torch.where(jump, stop, new_code), torch.where(to_kink, 0.0, new_sgn),
+                torch.where(jump, 0.0, new_value))
 
     def _balanced(self, a) -> bool:
         """``sum a == total`` up to rounding."""

@@ -242,6 +242,52 @@ def test_hinge_with_intercept_is_libsvm_svc(C, solver):
     assert primal(m.alpha[:, 0].numpy(), f) <= primal(a_ref, f_ref) * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("solver", ["active_set", "working_set"])
+@pytest.mark.parametrize("name, C", [("hinge", 0.3), ("epsilon_insensitive", 0.3), ("absolute", 1.0)])
+def test_active_set_steps_stop_between_the_bounds(monkeypatch, solver, name, C):
+    """At small C many prox-gradient points lie beyond the whole box. Within a round, no coordinate goes from one
+    bound of its box straight to the other (it stops free, or at the kink where the kink is inside the box), the
+    stop is exercised, and the fit reaches cvxpy's optimum with the intercept."""
+    pytest.importorskip("cvxpy")
+    import joker_ext.active_set as act
+
+    jumps, stopped = [], []
+    stop = act._Column._stop_between_bounds
+
+    def spy_stop(self, code, new_code, new_sgn, new_value):
+        stopped.append(int(((code * new_code) == act.LOWER * act.UPPER).sum()))
+        return stop(self, code, new_code, new_sgn, new_value)
+
+    round_ = act._Column.round
+
+    def spy_round(self, *args, **kwargs):
+        codes, solve = [], self.solve
+
+        def recording(code, *rest, **kw):
+            codes.append(code.clone())
+            return solve(code, *rest, **kw)
+
+        self.solve = recording
+        try:
+            return round_(self, *args, **kwargs)
+        finally:
+            del self.solve
+            for old, new in zip(codes, codes[1:]):
+                lower_upper = ((old == act.LOWER) & (new == act.UPPER)) | ((old == act.UPPER) & (new == act.LOWER))
+                jumps.append(int(lower_upper.sum()))
+
+    monkeypatch.setattr(act._Column, "_stop_between_bounds", spy_stop)
+    monkeypatch.setattr(act._Column, "round", spy_round)
+    loss, X, y = _problem(name, n=300, seed=3)
+    c = torch.full((len(y),), C, dtype=F64)
+    m = fit_dual(torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1), loss=loss, c=c, kernel=GaussianKernel(0.5),
+                 options=SolverOptions(tol=1e-10, max_iter=2000), solver=solver, intercept=True)
+    assert m.result.status == "converged" and m.result.rel_gap <= 1e-10
+    assert sum(stopped) > 0 and not any(jumps)
+    K = GaussianKernel(0.5)(torch.as_tensor(X), torch.as_tensor(X)).numpy()
+    assert m.result.primal == pytest.approx(cvxpy_primal(name, K, y, c.numpy(), intercept=True), rel=1e-6)
+
+
 @pytest.mark.parametrize("cache_columns", [40, None])
 @pytest.mark.parametrize("intercept", [False, True])
 @pytest.mark.parametrize("name", KINKED + ["squared_hinge"])
