@@ -24,8 +24,11 @@ predicted to sit at ``lo``, at ``hi``, at the kink 0, or free on one side of it;
 
     (K_II + diag(h_I + s_I)) a_I + b 1 = r_I - kink sign_I - K_IA a_A,     1^T a_I = -1^T a_A
 
-(one Cholesky factorisation of the free block, the border for the intercept). When a prediction repeats
-the previous one the round's problem is solved exactly. Should the sets not settle within
+(one Cholesky factorisation of the free block, the border for the intercept). A coordinate that a prediction
+would carry across its box stops on the way: from one bound to the other it stops free (at the kink when the kink
+lies inside the box), and free on one side of the kink it stops at the kink; it goes on at a later step if it must
+(jumping straight across made the sets swing). When a prediction repeats the previous one the round's problem is
+solved exactly. Should the sets not settle within
 ``MAX_INNER`` steps, ``sigma`` grows (a more diagonal problem, on which the method converges) and the
 round restarts from its centre.
 
@@ -44,6 +47,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from .dense import scipy_blas_on_one_thread
 from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag
 from .free_factor import FreeFactor
 from .losses import Loss
@@ -477,7 +481,7 @@ def active_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: 
     if intercept:
         state["intercept"] = b_all
     status, it, rec = "max_iter", start_iter, None
-    with sigint_as_flag(opts.handle_sigint) as sig:
+    with sigint_as_flag(opts.handle_sigint) as sig, scipy_blas_on_one_thread():
         try:
             K = operator.gram()
             diagK = K.diagonal().clone()
