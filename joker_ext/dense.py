@@ -33,13 +33,14 @@ torch's, in torch's pool.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 from functools import lru_cache
 from typing import Tuple
 
 import torch
 
-__all__ = ["cholesky_ex", "cholesky_solve"]
+__all__ = ["cholesky_ex", "cholesky_solve", "scipy_blas_on_one_thread"]
 
 
 def _scipy_potrf(dtype: torch.dtype):
@@ -83,6 +84,14 @@ class _OneBlasThread:
 
 
 _ONE_BLAS_THREAD = _OneBlasThread()
+
+
+def scipy_blas_on_one_thread():
+    """A context in which :func:`cholesky_ex`'s SciPy path keeps SciPy's BLAS on one thread from entry to exit
+    instead of limiting it at each call (the limit is counted, so the calls inside only count themselves in):
+    for an engine's whole fit, whose hundreds of small factorisations each paid the limit's 10-30 us. Does
+    nothing when torch runs on more than one thread (SciPy's path is then not taken)."""
+    return _ONE_BLAS_THREAD if torch.get_num_threads() == 1 else contextlib.nullcontext()
 
 
 def cholesky_ex(H: torch.Tensor, *, upper: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:

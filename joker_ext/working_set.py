@@ -78,6 +78,7 @@ import torch
 from .active_set import (FREE, MAX_INNER, SIGMA_FLOOR, SIGMA_START, _Column, box_qp_inputs, next_sigma,
                          outer_loop, supports_active_set)
 from .defaults import FILL_ELEMENTS, WORKING_SET_DTYPE
+from .dense import scipy_blas_on_one_thread
 from .interior_point import solve_box_qp
 from .free_factor import FreeFactor
 from .newton_exact import cholesky_shifted
@@ -528,7 +529,7 @@ def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options:
     if intercept:
         state["intercept"] = torch.zeros(T, dtype=dtype, device=device)
     status, it, rec = "max_iter", start_iter, None
-    with sigint_as_flag(opts.handle_sigint) as sig:
+    with sigint_as_flag(opts.handle_sigint) as sig, scipy_blas_on_one_thread():
         try:
             cache = _ColumnCache(operator, cache_columns, dtype, device)
             src = _KernelRows(cache)
