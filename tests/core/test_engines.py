@@ -566,6 +566,18 @@ def test_active_set_refuses_a_loss_without_quadratic_or_linear_conjugate():
                  c=torch.ones(50, dtype=F64), kernel=GaussianKernel(1.0), solver="active_set")
 
 
+@pytest.mark.parametrize("solver", ["active_set", "working_set"])
+def test_box_engines_refuse_a_zero_c(solver):
+    """c_i = 0 (a zero sample weight) makes the box a point and the proximal weight sigma / c_i infinite: a clear
+    error naming c (the estimators leave rows of zero weight out before the engine)."""
+    _, X, y = _problem("hinge", n=50)
+    c = torch.ones(50, dtype=F64)
+    c[3] = 0.0
+    with pytest.raises(ValueError, match=r"needs c > 0 .* got values such as \[0\.0\]"):
+        fit_dual(torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1), loss=get_loss("hinge"), c=c,
+                 kernel=GaussianKernel(1.0), solver=solver, intercept=True)
+
+
 def test_auto_policy_and_registry():
     sq, hinge = get_loss("squared"), get_loss("hinge")
     assert resolve_solver("auto", "exact", 1000, 8, sq) == "active_set"
