@@ -61,6 +61,12 @@ __all__ = ["active_set", "supports_active_set"]
 MAX_INNER = 15
 #: From this step of a round on, fewer coordinates may change their set at each step (halving).
 DAMP_AFTER = 4
+#: The fewest coordinates a damped step may move (the limit halves per step from the step's own changes down to this).
+#: 16 instead of 8: the working set's rounds on sets of mostly violators moved 8 coordinates a step while 50-100 had
+#: to move, ran out of steps and restarted at a larger weight (hinge and epsilon-insensitive, five problems, two data
+#: seeds, n = 4000: 0.91x the time, 0.67-1.04x; n = 10,000: 1.00x, 0.91-1.10x; absolute and pinball at C = 1,
+#: n = 4000: 0.91x and 0.88x; Huber and squared hinge unchanged).
+DAMP_FLOOR = 16
 #: A round asked to ``shrink`` its changes is not stopped for a step that changes at most this many coordinates.
 FEW_CHANGES = 8
 #: Largest relative KKT residual ``|r_F|_max / (|rhs_F|_max + |f_F|_max + |H_FF|_inf |a_F|_max)`` that a settled
@@ -273,7 +279,7 @@ class _Column:
             last_changes = changes
             if step >= DAMP_AFTER and shrink is None:  # damped: only the largest violations change sets
                 new_code, new_sgn, new_value = self._damped(changed, code, sgn, value, new_code, new_sgn, new_value,
-                                                            a, keep=max(8, changes >> (step - DAMP_AFTER + 1)))
+                                                            a, keep=max(DAMP_FLOOR, changes >> (step - DAMP_AFTER + 1)))
             seen.append((code, sgn))
             if any(torch.equal(new_code, c) and torch.equal(new_sgn, g) for c, g in seen[:-1]):
                 return None  # the sets cycle
