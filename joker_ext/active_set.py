@@ -168,15 +168,19 @@ class _Column:
         K_F = self.K.index_select(0, free) if 2 * free.numel() < a.numel() else None
         Ka = K_F @ a if K_F is not None else (self.K @ a)[free]
         rhs = (self.lin + s * abar)[free] - self.kink * sgn[free] - Ka
-        V = torch.stack([rhs, torch.ones_like(rhs)], dim=1) if self.intercept else rhs.unsqueeze(1)
-        sol = self.factor.solve(self.K, K_F, free, self.h + s, V, fresh=fresh)
+        a[free], b = self._bordered_solve(K_F, free, self.h + s, rhs, self.total - fixed_sum, fresh=fresh)
         self.unrefined = self.factor.updated
-        if self.intercept:
-            b = float((sol[:, 0].sum() + fixed_sum - self.total) / sol[:, 1].sum())
-            a[free] = sol[:, 0] - b * sol[:, 1]
-            return a, b
-        a[free] = sol.squeeze(1)
-        return a, 0.0
+        return a, b
+
+    def _bordered_solve(self, K_F, free, d, rhs, total_free: float, fresh: bool = False):
+        """``(x_F, b)`` with ``(K_FF + diag(d_F)) x_F + b 1 = rhs`` and, with an intercept, ``sum x_F = total_free``
+        (``b = 0`` without): two solves through :attr:`factor`, ``x = u - b w`` with ``H u = rhs``, ``H w = 1``."""
+        V = torch.stack([rhs, torch.ones_like(rhs)], dim=1) if self.intercept else rhs.unsqueeze(1)
+        sol = self.factor.solve(self.K, K_F, free, d, V, fresh=fresh)
+        if not self.intercept:
+            return sol.squeeze(1), 0.0
+        b = float((sol[:, 0].sum() - total_free) / sol[:, 1].sum())
+        return sol[:, 0] - b * sol[:, 1], b
 
     def _polish(self, a, f, b: float, code, sgn, value, s, abar):
         """``(a, f, b)`` of a settled step whose solve went through an unrefined factor update, refined to a fresh
@@ -199,16 +203,9 @@ class _Column:
                 return a, f, b
             if step == REFINEMENTS:
                 break
-            V = torch.stack([r, torch.ones_like(r)], dim=1) if self.intercept else r.unsqueeze(1)
-            sol = self.factor.solve(self.K, None, free, d, V)
             delta = torch.zeros_like(a)
-            if self.intercept:
-                db = float((sol[:, 0].sum() - e) / sol[:, 1].sum())
-                delta[free] = sol[:, 0] - db * sol[:, 1]
-                b += db
-            else:
-                delta[free] = sol.squeeze(1)
-            a, f = a + delta, f + self.product(delta)
+            delta[free], db = self._bordered_solve(None, free, d, r, e)
+            a, f, b = a + delta, f + self.product(delta), b + db
         a_new, b = self.solve(code, sgn, value, s, abar, fresh=True)
         return a_new, f + self.product(a_new - a), b
 
