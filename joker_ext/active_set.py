@@ -263,9 +263,7 @@ class _Column:
                 a, f, b = self._polish(a, f, b, code, sgn, value, s, abar)
                 new_code, new_sgn, new_value = self.predict(a, f, b, s, abar)
                 changed = (new_code != code) | (new_sgn != sgn)
-            if self.kink:
-                new_code, new_sgn, new_value = self._stop_at_kink(code, sgn, new_code, new_sgn, new_value)
-            new_code, new_sgn, new_value = self._stop_between_bounds(code, new_code, new_sgn, new_value)
+            new_code, new_sgn, new_value = self._stop_on_the_way(code, sgn, new_code, new_sgn, new_value)
             changes = int(changed.sum())
             if not changes:
                 if self.intercept and not self._balanced(a):
@@ -283,34 +281,33 @@ class _Column:
             code, sgn, value = new_code, new_sgn, new_value
         return None
 
-    def _stop_at_kink(self, code, sgn, new_code, new_sgn, new_value):
-        """The next sets, except that a free coordinate predicted free on the other side of the kink stops at the
-        kink (where the box holds it): it gets there first, and frees on the other side at a later step if it
-        must. Flipping sides at once made free coordinates of the epsilon-insensitive, absolute and pinball
-        losses swing across zero step after step (n = 4000, C = 10: 100-180 sign flips per step for 15 steps,
-        rounds that never settled); stopping them cut those fits from 0.27-0.28 s to 0.18-0.19 s."""
-        flip = (code == FREE) & (new_code == FREE) & (new_sgn == -sgn) & self.kink_inside
-        if not bool(flip.any()):
-            return new_code, new_sgn, new_value
-        return (torch.where(flip, ZERO, new_code), torch.where(flip, 0.0, new_sgn),
-                torch.where(flip, 0.0, new_value))
+    def _stop_on_the_way(self, code, sgn, new_code, new_sgn, new_value):
+        """The next sets, except that a coordinate the prediction carries across its box stops on the way: it gets
+        there first, and goes on at a later step if it must.
 
-    def _stop_between_bounds(self, code, new_code, new_sgn, new_value):
-        """The next sets, except that a coordinate predicted to jump from one bound of its box to the other stops
-        in between: free, or at the kink where the kink lies inside the box (it gets there first; it reaches the
-        other bound at a later step if it must). At small ``C`` the prox-gradient point of many coordinates lies
-        beyond the whole box, and jumping straight across made the sets swing: hinge at C = 1, n = 10,000, 100-250
-        coordinates went from one bound to the other at each step, rounds ran to their step limit and
-        subproblems went to the interior point (hinge at C = 0.1-1, n = 10,000, three data seeds: 0.51-0.86x the
-        time; absolute and pinball at C = 1, n = 4000: 0.73x and 0.65x; hinge and epsilon-insensitive on five grid
-        problems: 0.99x at n = 4000, 0.85-1.10x, and 0.94x at n = 10,000)."""
+        * A free coordinate predicted free on the other side of the kink stops at the kink (where the box holds
+          it). Flipping sides at once made free coordinates of the epsilon-insensitive, absolute and pinball losses
+          swing across zero step after step (n = 4000, C = 10: 100-180 sign flips per step for 15 steps, rounds that
+          never settled); stopping them cut those fits from 0.27-0.28 s to 0.18-0.19 s.
+        * A coordinate predicted to jump from one bound of its box to the other stops in between: free, or at the
+          kink where the kink lies inside the box. At small ``C`` the prox-gradient point of many coordinates lies
+          beyond the whole box, and jumping straight across made the sets swing: hinge at C = 1, n = 10,000, 100-250
+          coordinates went from one bound to the other at each step, rounds ran to their step limit and
+          subproblems went to the interior point (hinge at C = 0.1-1, n = 10,000, three data seeds: 0.51-0.86x the
+          time; absolute and pinball at C = 1, n = 4000: 0.73x and 0.65x; hinge and epsilon-insensitive on five
+          grid problems: 0.99x at n = 4000, 0.85-1.10x, and 0.94x at n = 10,000)."""
         jump = (code * new_code) == LOWER * UPPER  # one bound to the other (the codes FREE = 0 and ZERO = 3 never)
-        if not bool(jump.any()):
+        if self.kink:
+            flip = (code == FREE) & (new_code == FREE) & (new_sgn == -sgn)
+            to_kink = (flip | jump) & self.kink_inside
+        else:
+            to_kink = torch.zeros_like(jump)
+        moved = jump | to_kink
+        if not bool(moved.any()):
             return new_code, new_sgn, new_value
-        to_kink = jump & self.kink_inside if self.kink else torch.zeros_like(jump)
         stop = torch.where(to_kink, ZERO, FREE).to(new_code.dtype)
-        return (torch.where(jump, stop, new_code), torch.where(to_kink, 0.0, new_sgn),
-                torch.where(jump, 0.0, new_value))
+        return (torch.where(moved, stop, new_code), torch.where(to_kink, 0.0, new_sgn),
+                torch.where(moved, 0.0, new_value))
 
     def _balanced(self, a) -> bool:
         """``sum a == total`` up to rounding."""

@@ -252,11 +252,11 @@ def test_active_set_steps_stop_between_the_bounds(monkeypatch, solver, name, C):
     import joker_ext.active_set as act
 
     jumps, stopped = [], []
-    stop = act._Column._stop_between_bounds
+    stop = act._Column._stop_on_the_way
 
-    def spy_stop(self, code, new_code, new_sgn, new_value):
+    def spy_stop(self, code, sgn, new_code, new_sgn, new_value):
         stopped.append(int(((code * new_code) == act.LOWER * act.UPPER).sum()))
-        return stop(self, code, new_code, new_sgn, new_value)
+        return stop(self, code, sgn, new_code, new_sgn, new_value)
 
     round_ = act._Column.round
 
@@ -276,7 +276,7 @@ def test_active_set_steps_stop_between_the_bounds(monkeypatch, solver, name, C):
                 lower_upper = ((old == act.LOWER) & (new == act.UPPER)) | ((old == act.UPPER) & (new == act.LOWER))
                 jumps.append(int(lower_upper.sum()))
 
-    monkeypatch.setattr(act._Column, "_stop_between_bounds", spy_stop)
+    monkeypatch.setattr(act._Column, "_stop_on_the_way", spy_stop)
     monkeypatch.setattr(act._Column, "round", spy_round)
     loss, X, y = _problem(name, n=300, seed=3)
     c = torch.full((len(y),), C, dtype=F64)
