@@ -737,3 +737,24 @@ def test_working_set_carried_factors_of_several_targets_equal_separate_fits(monk
         one = fit(Y[:, t:t + 1])
         assert one.status == "converged"
         np.testing.assert_allclose(both.alpha[:, t].numpy(), one.alpha[:, 0].numpy(), atol=1e-7)
+
+
+@pytest.mark.parametrize("name", ["epsilon_insensitive", "absolute", "pinball"])
+def test_working_set_stops_at_the_rounding_noise_of_a_large_c(name):
+    """At C = 10^4 the duals reach 10^4 while ``f = K alpha`` stays of the order of the targets: the gap's rounding
+    noise lies above the float64 floor of 1e-11, and the gap stops falling there. The fit stops within a few
+    iterations of that (it ran to ``max_iter`` before), certified to 1e-8, at cvxpy's optimum."""
+    pytest.importorskip("cvxpy")
+    from joker_ext.working_set import working_set
+
+    loss, X, y = _problem(name, n=300, seed=0)
+    C = 1e4
+    c = torch.full((len(y),), C, dtype=F64)
+    kernel = GaussianKernel(0.5)
+    op = ExactOperator(kernel, BlockData(torch.as_tensor(X), F64, torch.device("cpu")))
+    res = working_set(op, torch.as_tensor(y).reshape(-1, 1), loss, c, SolverOptions(tol=1e-14, max_iter=300),
+                      intercept=True)
+    assert res.status in ("converged", "stalled") and res.n_iter <= 60, (res.status, res.n_iter, res.rel_gap)
+    assert res.rel_gap <= 1e-8
+    K = kernel(torch.as_tensor(X), torch.as_tensor(X)).numpy()
+    assert res.primal == pytest.approx(cvxpy_primal(name, K, y, c.numpy(), intercept=True), rel=1e-6)
