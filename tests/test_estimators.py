@@ -9,6 +9,7 @@ fit, parallel search = sequential search, pickling round trip). scikit-learn's `
 in test_sklearn_contract.py.
 """
 import pickle
+import warnings
 
 import numpy as np
 import pytest
@@ -457,3 +458,30 @@ def test_values_whose_squares_overflow_are_refused_by_name(Est):
     est = Est().fit(X[:4], y[:4])
     with pytest.raises(ValueError, match=r"^X must have values of magnitude"):
         est.predict(X)
+
+
+@pytest.mark.parametrize("loss", ["absolute", "hinge"])
+def test_random_features_at_a_large_c_end_with_their_best_certificate(loss):
+    """Default solver on random features, C = 1000, more rows than features: the Newton engine's smoothing
+    continuation reaches the rounding floor while its smoothing still shrinks; going on, the dual points of ever less
+    smoothed problems jump between the subgradients at the kinks, and the fit used to end 'stalled' with a gap above
+    1 and a ConvergenceWarning for an optimal model. It ends converged, certified, at cvxpy's optimum on the same
+    features."""
+    cp = pytest.importorskip("cvxpy")
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((80, 3))
+    y = np.sin(2 * X[:, 0]) + 0.2 * rng.standard_normal(80)
+    if loss == "hinge":
+        y = np.where(y > 0, 1.0, -1.0)
+    Est = JokerClassifier if loss == "hinge" else JokerRegressor
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m = Est(loss=loss, C=1000.0, gamma=0.3, n_features=40, random_state=3).fit(X, y)
+    assert m.status_ == "converged" and 0.0 <= m.relative_gap_ <= 1e-10, (m.status_, m.relative_gap_)
+    Phi = m.feature_map_(torch.from_numpy(X)).numpy()
+    beta = cp.Variable(Phi.shape[1])
+    f = Phi @ beta
+    terms = cp.abs(y - f) if loss == "absolute" else cp.pos(1 - cp.multiply(y, f))
+    prob = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(beta) + 1000.0 * cp.sum(terms)))
+    prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
+    assert m.primal_objective_ == pytest.approx(prob.value, rel=1e-7)
