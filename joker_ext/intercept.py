@@ -338,7 +338,10 @@ def fit_intercept_search(data, Y: torch.Tensor, *, loss: Loss, c: torch.Tensor, 
             beta = res.state["beta"][:-1]
             F = base_op.predictions({"beta": beta}, alpha)
         beff_t = torch.as_tensor(b_eff, dtype=dtype, device=device)
-        quad, loss_terms = shards.sum_many((alpha * F).sum(0), (cd * loss.value(Yd, F + beff_t)).sum(0))
+        (loss_terms,) = shards.sum_many((cd * loss.value(Yd, F + beff_t)).sum(0))
+        # ||f||^2 of the model itself: alpha^T K alpha (F = K alpha), or ||beta||^2 (beta is the model; the engine's
+        # alpha is its dual point, with Phi^T alpha = beta only at the optimum)
+        (quad,) = shards.sum_many((alpha * F).sum(0)) if fmap is None else ((beta * beta).sum(0),)
         primal = 0.5 * quad + loss_terms
         alpha_f = feasible_dual(alpha, shards)
         delta = alpha_f - alpha
@@ -367,7 +370,7 @@ def fit_intercept_search(data, Y: torch.Tensor, *, loss: Loss, c: torch.Tensor, 
                                               "primal": P, "dual": D, "gap": gap, "rel_gap": rel}):
             status = "callback"
             break
-        inner_tol = max(tol_eff, min(inner_tol, 1e-2 * rel))
+        inner_tol = max(tol_eff, min(inner_tol, 1e-2 * rel, rel * rel))
         # s at the rounding level of a sum of the alphas: the search cannot resolve b any better.
         (abs_sum,) = shards.sum_many(alpha.abs().sum(0))
         stagnant = bool(np.all(np.abs(s) <= 16 * eps * abs_sum.double().cpu().numpy()))
@@ -377,8 +380,9 @@ def fit_intercept_search(data, Y: torch.Tensor, *, loss: Loss, c: torch.Tensor, 
             break
         if res.status in ("max_time", "interrupted", "callback") or total >= opts.max_iter or out_of_time \
                 or rounds >= MAX_INTERCEPT_ROUNDS:
+            # (a search out of rounds while its engine had iterations left stalled: more max_iter would not help)
             status = res.status if res.status not in ("converged", "max_iter") else (
-                "max_time" if out_of_time else "max_iter")
+                "max_time" if out_of_time else "max_iter" if total >= opts.max_iter else "stalled")
             break
         search.update(s)
     state = _state(best["intercept"], best["beta"], best["f"], fmap, device)

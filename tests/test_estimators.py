@@ -485,3 +485,22 @@ def test_random_features_at_a_large_c_end_with_their_best_certificate(loss):
     prob = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(beta) + 1000.0 * cp.sum(terms)))
     prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
     assert m.primal_objective_ == pytest.approx(prob.value, rel=1e-7)
+
+
+def test_huber_on_random_features_with_an_intercept_converges_to_cvxpy():
+    """The intercept search around the Newton engine (random features, Huber): each solve's dual point is off by
+    about the square root of its gap, so ``sum alpha`` at a solve to a gap of ``1e-2 rel`` was noise at the scale
+    the search needed, and the search swung around the intercept for its 60 rounds ('max_iter' at a gap of 2e-5,
+    whatever max_iter). With solves to ``rel^2`` it converges, to cvxpy's optimum on the same features."""
+    cp = pytest.importorskip("cvxpy")
+    rng = np.random.default_rng(2)
+    X = rng.standard_normal((50, 2))
+    y = np.sin(2 * X[:, 0]) + 0.2 * rng.standard_normal(50)
+    m = JokerRegressor(loss="huber", delta=0.3, C=0.1, gamma=0.5, fit_intercept=True, n_features=30).fit(X, y)
+    assert m.status_ == "converged" and abs(m.relative_gap_) <= 1e-10, (m.status_, m.relative_gap_)
+    Phi = m.feature_map_(torch.from_numpy(X)).numpy()
+    beta, b = cp.Variable(Phi.shape[1]), cp.Variable()
+    prob = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(beta) + 0.1 * cp.sum(0.5 * cp.huber(y - Phi @ beta - b, 0.3))))
+    prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-11, tol_gap_rel=1e-11, tol_feas=1e-11)
+    assert m.primal_objective_ == pytest.approx(prob.value, rel=1e-8)
+    assert m.intercept_ == pytest.approx(b.value, abs=1e-5)

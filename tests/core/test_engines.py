@@ -758,3 +758,28 @@ def test_working_set_stops_at_the_rounding_noise_of_a_large_c(name):
     assert res.rel_gap <= 1e-8
     K = kernel(torch.as_tensor(X), torch.as_tensor(X)).numpy()
     assert res.primal == pytest.approx(cvxpy_primal(name, K, y, c.numpy(), intercept=True), rel=1e-6)
+
+
+@pytest.mark.parametrize("name, C", [("epsilon_insensitive", 0.1), ("huber", 1.0)])
+def test_intercept_search_on_features_reports_the_primal_of_its_model(name, C):
+    """The Newton engine on random features with the intercept search around it: the reported primal is that of the
+    returned model, ``1/2 |beta|^2 + sum c_i l(y_i, phi_i^T beta + b)`` (it was ``1/2 alpha^T Phi beta + ...``,
+    which is below the optimum while ``Phi^T alpha != beta``), and no less than cvxpy's optimum on the same features."""
+    pytest.importorskip("cvxpy")
+    rng = np.random.default_rng(4)
+    X = rng.standard_normal((80, 3))
+    y = np.sin(2 * X[:, 0]) + 0.2 * rng.standard_normal(80)
+    w = torch.as_tensor(rng.uniform(0.2, 3.0, 80))
+    loss = get_loss(name, **PARAMS)
+    kernel = GaussianKernel(1.3)
+    fmap = make_feature_map(kernel, 40, seed=3)
+    c = C * w
+    m = fit_dual(torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1), loss=loss, c=c, kernel=kernel,
+                 feature_map=fmap, options=SolverOptions(tol=1e-14, max_iter=300), solver="newton", intercept=True)
+    beta, b = m.result.state["beta"][:, 0], float(m.result.state["intercept"][0])
+    Phi = fmap(torch.as_tensor(X))
+    own = 0.5 * float(beta @ beta) + float((c * loss.value(torch.as_tensor(y), Phi @ beta + b)).sum())
+    assert m.result.primal == pytest.approx(own, rel=1e-12)
+    opt = cvxpy_primal(name, (Phi @ Phi.T).numpy(), y, c.numpy(), intercept=True)
+    assert m.result.primal >= opt * (1 - 1e-9) and m.result.rel_gap >= -1e-12
+    assert m.result.primal == pytest.approx(opt, rel=max(2 * m.result.rel_gap, 1e-8))

@@ -166,3 +166,28 @@ def test_intercept_module_imports_neither_estimators_nor_model():
     src = Path(joker_ext.__file__).with_name("intercept.py").read_text()
     names = {node.module for node in ast.walk(ast.parse(src)) if isinstance(node, ast.ImportFrom) and node.module}
     assert not names & {"estimators", "model", "plan"}, names
+
+
+def test_search_out_of_rounds_with_budget_left_reports_stalled():
+    """A search whose engine keeps returning alphas that do not sum to zero ends after its rounds. With most of the
+    iteration budget left that is 'stalled' (raising max_iter would not help), not 'max_iter'."""
+    from joker_ext.data import BlockData
+    from joker_ext.intercept import MAX_INTERCEPT_ROUNDS, fit_intercept_search
+
+    X, y = make_regression(n=40, seed=0)
+    Y = torch.as_tensor(y).reshape(-1, 1)
+    calls = []
+
+    def noisy_solve(loss, kernel, feature_map, options, alpha0):
+        calls.append(options.max_iter)
+        alpha = torch.full((40, 1), (-1.0) ** len(calls) * 1e-3, dtype=F64)  # sum alpha never settles
+        f = kernel(torch.as_tensor(X), torch.as_tensor(X)) @ alpha
+        return SolverResult(alpha=alpha, state={"f": f}, n_iter=1, status="converged", primal=0.0, dual=0.0,
+                            gap=0.0, rel_gap=0.0, radius=torch.ones(1, dtype=F64))
+
+    res = fit_intercept_search(BlockData(torch.as_tensor(X), F64, torch.device("cpu")), Y, loss=get_loss("squared"),
+                               c=torch.ones(40, dtype=F64), kernel=GaussianKernel(1.0), feature_map=None,
+                               options=SolverOptions(tol=1e-12, max_iter=10_000), dtype=F64,
+                               device=torch.device("cpu"), solve=noisy_solve)
+    assert len(calls) == MAX_INTERCEPT_ROUNDS and res.n_iter < 10_000
+    assert res.status == "stalled"
