@@ -40,6 +40,10 @@ from .model import KernelModel
 from .plan import FitPlan, make_fit_plan
 from .validation import check_magnitude
 
+#: What to try when a fit stops short of its tolerance, by the engine's status (the ConvergenceWarning's advice).
+_STOP_ADVICE = {"max_iter": "; increase max_iter", "max_time": "; increase max_time",
+                "stalled": "; the gap stopped falling there (rounding, or the engine's limit): try another solver"}
+
 __all__ = ["JokerRegressor", "JokerClassifier"]
 
 REGRESSION_LOSSES = ("squared", "huber", "epsilon_insensitive", "absolute", "pinball")
@@ -297,10 +301,12 @@ class _JokerBase(BaseEstimator):
         self.block_size_ = plan.options.block_size
         self._model_cache = model
         if self.status_ != "converged" and self.relative_gap_ > max(plan.options.tol, CONVERGENCE_WARN_GAP):
+            advice = _STOP_ADVICE.get(self.status_, "")
+            if self.dtype_ != torch.float64:
+                advice += " or use dtype='float64'" if advice else "; use dtype='float64'"
             warnings.warn(
-                f"{type(self).__name__} stopped ({self.status_}) after {self.n_iter_} block iterations with "
-                f"relative duality gap {self.relative_gap_:.2e}; increase max_iter"
-                + ("" if self.dtype_ == torch.float64 else " or use dtype='float64'"),
+                f"{type(self).__name__} stopped ({self.status_}) after {self.n_iter_} iterations with "
+                f"relative duality gap {self.relative_gap_:.2e}{advice}",
                 ConvergenceWarning,
             )
         return self

@@ -15,7 +15,8 @@ class SolverResult:
     """What every engine (:func:`joker_ext.solver.dbcd_tr` and the engines of :mod:`joker_ext.engines`) returns.
 
     ``status`` is one of 'converged', 'max_iter', 'max_time', 'callback', 'interrupted',
-    'out_of_memory' (a block did not fit; alpha and state are those before that block).
+    'out_of_memory' (a block did not fit; alpha and state are those before that block), 'stalled' (the gap
+    stopped falling short of ``tol``: rounding, or the engine's own limit).
     ``history`` holds one dict per gap evaluation with keys iteration, time, primal, dual, gap,
     rel_gap (and 'validation' when a validation function was given).
     """

@@ -18,6 +18,7 @@ from scipy.spatial.distance import pdist
 from scipy.special import expit
 from sklearn.base import clone
 from sklearn.datasets import load_breast_cancer, make_classification
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import r2_score
 from sklearn.metrics.pairwise import rbf_kernel
@@ -504,3 +505,13 @@ def test_huber_on_random_features_with_an_intercept_converges_to_cvxpy():
     prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-11, tol_gap_rel=1e-11, tol_feas=1e-11)
     assert m.primal_objective_ == pytest.approx(prob.value, rel=1e-8)
     assert m.intercept_ == pytest.approx(b.value, abs=1e-5)
+
+
+def test_a_stop_at_max_iter_advises_more_iterations():
+    """The ConvergenceWarning names the cause of the stop; at ``max_iter`` it says to increase it."""
+    rng = np.random.default_rng(2)
+    X = rng.standard_normal((50, 2))
+    y = np.sin(2 * X[:, 0]) + 0.2 * rng.standard_normal(50)
+    with pytest.warns(ConvergenceWarning, match=r"stopped \(max_iter\).*increase max_iter"):
+        m = JokerRegressor(loss="absolute", C=100.0, gamma=0.5, solver="dbcd_tr", max_iter=1).fit(X, y)
+    assert m.status_ == "max_iter"
