@@ -41,8 +41,12 @@ one thread: 20.3 s for the dual from ``a = 0``, 12.5 s from the middle of its bo
 234 s, 156 s, 93 s, each iteration one Cholesky factorisation of ``n x n``).
 
 The squared loss (no box) converges in one iteration: one Cholesky of ``K + diag(1/c)``, like kernel ridge
-regression. Box-constrained duals (SVMs) converge in a few tens of iterations, each factoring only the free
-block; logistic regression converges quadratically near the optimum. Memory: ``K`` and one factor of the
+regression. Box-constrained duals (SVMs) converge in a few tens of iterations at small ``C``, each factoring only
+the free block; at large ``C`` the projected steps can stall far from the optimum (absolute and epsilon-insensitive
+at C = 100, pinball and hinge at C = 1000, n = 60: relative gaps 0.16-0.98 after 100 iterations; Huber at
+C = 1000 with sample weights too), which is why ``solver='auto'`` takes :mod:`joker_ext.active_set` or
+:mod:`joker_ext.working_set` for every loss whose conjugate is quadratic or linear on its box. Logistic
+regression converges quadratically near the optimum. Memory: ``K`` and one factor of the
 free block, at most ``2 n^2`` numbers.
 """
 from __future__ import annotations
