@@ -55,15 +55,15 @@ margin) take values that a linear system decides. The engine reads ``K`` through
 
 **Stop.** At the relative gap ``tol``, or, when ``tol`` lies below the gap's rounding floor (the estimators'
 default 1e-14 in float64), once every open column solved its last subproblem exactly at the smallest proximal
-weight and the gap, below :data:`~joker_ext.defaults.ROUNDING_GAP`, has not halved for ``STALL_PATIENCE``
-iterations: nothing representable is left to gain (before this rule such fits ran to ``max_iter``, 160 outer
+weight and the gap, below :data:`~joker_ext.defaults.ROUNDING_GAP`, has not halved for
+:data:`~joker_ext.active_set.STALL_PATIENCE` iterations: nothing representable is left to gain (before this rule such fits ran to ``max_iter``, 160 outer
 iterations where 36 reach the floor at n = 4000, C = 10). At once, below that floor, when every open column's
 working set is the one its last subproblem solved exactly: nothing outside the set has moved since, so the
 subproblem is the same and its solution is where the column stands (the 2-3 repeated exact solves this saves
 were a fifth of an epsilon-insensitive fit at n = 4000). At large ``C`` the gap's own rounding noise lies above
 that floor (``|alpha|`` up to ``C`` while ``f = K alpha`` stays of the order of the targets): there, after
-``NOISE_PATIENCE`` such iterations, the fit stops as 'stalled' when the gap is within the noise that rounding ``f``
-leaves (:func:`_rounding_noise`; absolute, pinball and epsilon-insensitive at C = 1000-10^5 ran to ``max_iter`` with
+:data:`~joker_ext.active_set.NOISE_PATIENCE` such iterations, the fit stops as 'stalled' when the gap is within the
+noise that rounding ``f`` leaves (:class:`~joker_ext.active_set.GapStall`; absolute, pinball and epsilon-insensitive at C = 1000-10^5 ran to ``max_iter`` with
 gaps of 1e-11 to 4e-9 that no longer fell, e.g. absolute at n = 3000, C = 1000: 120 iterations and 5.5 s).
 
 Cost per outer iteration: ``|B|^2 d`` for ``K_BB``, ``n |moved| d`` for the moved rows not cached,
@@ -79,9 +79,9 @@ from typing import Optional
 
 import torch
 
-from .active_set import (FREE, MAX_INNER, SIGMA_FLOOR, SIGMA_START, _Column, box_qp_inputs, next_sigma,
-                         outer_loop, supports_active_set)
-from .defaults import CONVERGENCE_WARN_GAP, FILL_ELEMENTS, WORKING_SET_DTYPE
+from .active_set import (FREE, MAX_INNER, SIGMA_FLOOR, SIGMA_START, GapStall, _Column, box_qp_inputs,
+                         next_sigma, outer_loop, supports_active_set)
+from .defaults import FILL_ELEMENTS, WORKING_SET_DTYPE
 from .dense import scipy_blas_on_one_thread
 from .interior_point import solve_box_qp
 from .free_factor import FreeFactor
@@ -104,17 +104,6 @@ MAX_SET_FACTOR = 2
 #: 3 took such fits (d = 20, n = 4000) to 0.68-0.87x of 10's time; with the quick steps' rule below as well, d = 20
 #: fits took 0.22-0.44x their earlier time at n = 4000-10,000).
 CAP_PATIENCE = 3
-#: Outer iterations in a row at the rounding floor (exact subproblem solves, a gap that no longer halves) before the
-#: fit stops as converged.
-STALL_PATIENCE = 3
-#: The same, for a gap above that floor but within the rounding noise of ``f`` (:func:`_rounding_noise`), before the
-#: fit stops as 'stalled' (fits that reach the floor later had such runs of up to 7 iterations, every second one
-#: repeating the subproblem it had just solved: absolute and pinball, n = 300-1500, C = 1000).
-NOISE_PATIENCE = 10
-#: A gap within this many times :func:`_rounding_noise` is rounding noise (the errors are not independent: the gaps
-#: at which fits stopped improving were 0.06x to 1.1x the estimate, absolute, pinball and epsilon-insensitive at
-#: n = 300-3000, C = 1000-10^5).
-NOISE_MARGIN = 10.0
 #: Factor by which the smallest proximal weight a column's subproblems may take (raised by a cycle) falls per subproblem.
 FLOOR_DECAY = 3.0
 #: Proximal weight (times the kernel's diagonal) at which a cycling subproblem falls back to projected Newton.
@@ -415,22 +404,6 @@ class _KernelRows:
         return out
 
 
-def _rounding_noise(src: _KernelRows, alpha: torch.Tensor, c_col: torch.Tensor, scale: float) -> float:
-    """The relative duality gap that rounding alone leaves at ``alpha`` (objective ``scale``):
-    ``eps |(c + |alpha|) * (K |alpha|)|_2 / scale``.
-
-    ``f_i = (K alpha)_i`` is a sum whose terms reach ``(K |alpha|)_i`` in size, so it carries a rounding error of
-    about ``eps (K |alpha|)_i`` (large ``C``: ``|alpha|`` up to ``C`` and ``f`` of the order of the targets, a sum
-    that cancels); the gap's term ``i`` moves by at most ``c_i + |alpha_i|`` per unit of ``f_i``, and the errors,
-    taken as independent, add in the 2-norm. Measured against the gaps at which fits stopped improving (absolute,
-    pinball, epsilon-insensitive, n = 300-3000, C = 1000-10^5): 0.9x to 16x of them; 20x to 50x above the gaps of
-    fits that converge (C = 10; hinge at C = 1000)."""
-    A = alpha.abs()
-    noise = (c_col.reshape(-1, 1) + A) * src.matmul(A)
-    finfo = torch.finfo(alpha.dtype)
-    return finfo.eps * float(torch.linalg.vector_norm(noise)) / max(scale, finfo.tiny)
-
-
 def _decompose(src: _KernelRows, diagK, loss: Loss, Y, c_col, alpha, F, intercept: bool, q: int, mon: Monitor,
                opts: SolverOptions, it: int, state: dict, interrupted=lambda: False):
     """The outer loop of the decomposition from ``(alpha, F = K alpha)``, in place; returns ``(reason, it,
@@ -488,34 +461,20 @@ def _decompose(src: _KernelRows, diagK, loss: Loss, Y, c_col, alpha, F, intercep
         if intercept:
             b_all[t] = _best_intercept(bounds[t], b_sub[t])
 
-    exact, stalls, best = [False] * T, [0], [math.inf]
+    exact = [False] * T
+    stall = GapStall(opts.tol, dtype, c_col)
     repeat, last_set = [False] * T, [None] * T
     # each column's free-block factor, kept from one subproblem to the next (near the solution the free set
     # changes little between them)
     factors = [FreeFactor(cholesky_shifted) for _ in range(T)]
 
     def at_floor(rec: dict) -> Optional[str]:
-        # every open column solved its last subproblem exactly and the gap, at its rounding floor (or within the
-        # rounding noise of f: 'stalled'), stopped falling (halving) for STALL_PATIENCE iterations, or every open
-        # column's working set repeats the one it solved exactly: no further progress is representable
+        # every open column's working set repeats the one it solved exactly: no further progress is representable;
+        # else the gap's stall test, counting iterations whose subproblems were all solved exactly
         still_open = [t for t in range(T) if rec["column_rel_gap"][t] > opts.tol]
         if all(repeat[t] for t in still_open) and at_rounding_floor(rec["rel_gap"], opts.tol, dtype):
             return "converged"
-        falling = rec["rel_gap"] <= 0.5 * best[0]
-        best[0] = min(best[0], rec["rel_gap"])
-        if falling or not all(exact[t] for t in still_open) or rec["rel_gap"] > CONVERGENCE_WARN_GAP:
-            stalls[0] = 0
-            return None
-        stalls[0] += 1
-        if at_rounding_floor(rec["rel_gap"], opts.tol, dtype):
-            return "converged" if stalls[0] >= STALL_PATIENCE else None
-        if stalls[0] < NOISE_PATIENCE:
-            return None
-        noise = _rounding_noise(src, alpha, c_col, max(abs(rec["primal"]), abs(rec["dual"])))
-        if rec["rel_gap"] <= NOISE_MARGIN * noise:
-            return "stalled"
-        stalls[0] = 0
-        return None
+        return stall(rec, all(exact[t] for t in still_open), alpha, src.matmul)
 
     return outer_loop(mon, opts, loss, Y, F, alpha, b_all, c_col, it, state, sigma, columns, solve_column, interrupted,
                       at_floor)
