@@ -41,12 +41,15 @@ one thread: 20.3 s for the dual from ``a = 0``, 12.5 s from the middle of its bo
 234 s, 156 s, 93 s, each iteration one Cholesky factorisation of ``n x n``).
 
 The squared loss (no box) converges in one iteration: one Cholesky of ``K + diag(1/c)``, like kernel ridge
-regression. Box-constrained duals (SVMs) converge in a few tens of iterations at small ``C``, each factoring only
-the free block; at large ``C`` the projected steps can stall far from the optimum (absolute and epsilon-insensitive
-at C = 100, pinball and hinge at C = 1000, n = 60: relative gaps 0.16-0.98 after 100 iterations; Huber at
-C = 1000 with sample weights too), which is why ``solver='auto'`` takes :mod:`joker_ext.active_set` or
-:mod:`joker_ext.working_set` for every loss whose conjugate is quadratic or linear on its box. Logistic
-regression converges quadratically near the optimum. Memory: ``K`` and one factor of the
+regression. Logistic regression converges quadratically near the optimum.
+
+**Duals that are quadratic or linear on their box** (squared, Huber, squared hinge, hinge, absolute, pinball,
+epsilon-insensitive: ``loss.quadratic``) are solved by their semismooth Newton method, the primal-dual active-set
+method of :mod:`joker_ext.active_set` (:func:`exact_newton` hands them to it). The projected Newton steps above,
+which this engine took for them before, stalled far from the optimum at large ``C`` (absolute and
+epsilon-insensitive at C = 100, pinball and hinge at C = 1000, n = 60: relative gaps 0.16-0.98 after 100
+iterations; Huber at C = 1000 with sample weights: 0.93); they remain for losses whose conjugate is neither
+(user-registered ones, smoothed where they have a kink). Memory: ``K`` and one factor of the
 free block, at most ``2 n^2`` numbers.
 """
 from __future__ import annotations
@@ -252,7 +255,9 @@ class _Column:
 def exact_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: Optional[SolverOptions] = None,
                  *, alpha0: Optional[torch.Tensor] = None, state0=None, start_iter: int = 0, callback=None,
                  validation=None, snapshot=None, snapshot_every=None, **_resume) -> SolverResult:
-    """Minimise the dual by projected Newton with smoothing continuation (see the module docstring).
+    """Minimise the dual by projected Newton with smoothing continuation, by Newton steps on the primal (logistic),
+    or, for duals quadratic or linear on their box, by :func:`joker_ext.active_set.active_set` (see the module
+    docstring).
 
     Parameters
     ----------
@@ -271,6 +276,11 @@ def exact_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options
     """
     if operator.mode != "exact":
         raise ValueError(f"exact_newton needs an exact kernel operator, got mode {operator.mode!r}")
+    if loss.quadratic:  # a dual that is quadratic or linear on its box: its semismooth Newton method
+        from .active_set import active_set  # (which imports this module's factorisations)
+
+        return active_set(operator, Y, loss, c, options, alpha0=alpha0, state0=state0, start_iter=start_iter,
+                          callback=callback, validation=validation, snapshot=snapshot, snapshot_every=snapshot_every)
     opts = options or SolverOptions()
     n, T = Y.shape
     dtype, device = Y.dtype, Y.device
