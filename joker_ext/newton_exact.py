@@ -150,39 +150,6 @@ class _Column:
             return True
         return False
 
-    def active_set_step(self) -> bool:
-        """A primal-dual active-set (semismooth Newton) step for quadratic conjugates, which can move many
-        coordinates to or off their bounds at once: the prox-gradient point ``z = a - grad / diag(H)``
-        predicts, per coordinate, a bound, zero (the kink) or a free side; the free coordinates then solve
-        ``H_II a_I = y_I - psi'(0)_I - kink sign_I - K_IA a_A`` exactly. Kept only when it decreases ``D_s``
-        (a safeguard: the method is not monotone in general)."""
-        a, sm, k = self.a, self.smoothing.value, self.loss.kink
-        zero = torch.zeros_like(a)
-        p0 = self.loss.psi_grad(zero, self.y, self.c)
-        h = self.loss.psi_hess(zero, self.y, self.c) + sm / self.c
-        g_smooth = self.f - self.y + p0 + h * a
-        z = a - g_smooth / (self.diagK + h)
-        step_k = k / (self.diagK + h)
-        sgn = torch.where(z > step_k, torch.ones_like(z), torch.where(z < -step_k, -torch.ones_like(z), zero))
-        target = torch.minimum(torch.maximum(z - step_k * sgn, self.lo), self.hi)
-        free = (sgn != 0) & (target > self.lo) & (target < self.hi)
-        new = torch.where(free, zero, target)
-        idx = torch.nonzero(free).reshape(-1)
-        if idx.numel():
-            fixed = torch.nonzero(~free & (new != 0)).reshape(-1)
-            K_I = self.K.index_select(0, idx)
-            rhs = self.y[idx] - p0[idx] - k * sgn[idx]
-            if fixed.numel():
-                rhs = rhs - K_I[:, fixed] @ new[fixed]
-            H = K_I.index_select(1, idx)
-            del K_I
-            H.diagonal().add_(h[idx])
-            L = cholesky_shifted(H)
-            del H
-            new[idx] = cholesky_solve(rhs.unsqueeze(1), L).squeeze(1)
-        new = torch.minimum(torch.maximum(new, self.lo), self.hi)
-        return self.try_step(new - a)
-
     def primal_step(self) -> bool:
         """One damped Newton step on the primal over ``w`` (see the module docstring), then the dual point
         ``a(K w)`` and ``K a`` for the certificate; False when no decrease of ``P`` could be found."""
@@ -216,13 +183,10 @@ class _Column:
         return False
 
     def step(self) -> bool:
-        """One iteration: the primal Newton step for smooth non-quadratic conjugates; else the active-set step
-        where it applies and decreases ``D_s``, else a projected Newton step; False when no decrease could be
-        found."""
+        """One iteration: the primal Newton step for smooth non-quadratic conjugates, else a projected Newton step
+        on the dual; False when no decrease could be found."""
         if self.primal:
             return self.primal_step()
-        if self.loss.quadratic and self.active_set_step():
-            return True
         a, sm = self.a, self.smoothing.value
         grad = self.f + self.loss.conj_grad(a, self.y, self.c) + sm * a / self.c
         grad, lo, hi = orthant_box(self.loss.kink, a, grad, self.lo, self.hi)
@@ -289,8 +253,6 @@ def exact_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options
     lo_all, hi_all = loss.box(Y, c_col)
     if alpha0 is not None:
         alpha = alpha0.to(dtype=dtype, device=device).reshape(n, T)
-    elif loss.quadratic:
-        alpha = torch.zeros(n, T, dtype=dtype, device=device)
     else:
         # the dual point of the primal f = 0, where the primal Newton steps of smooth losses start (logistic: c y / 2,
         # the middle of the box; on the dual, a = 0 lies at the end of the box, where the entropy's gradient is

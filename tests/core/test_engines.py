@@ -803,3 +803,28 @@ def test_box_duals_at_a_large_c_reach_cvxpy_with_every_exact_newton_engine(solve
     assert m.result.rel_gap <= 1e-8
     K = kernel(torch.as_tensor(X), torch.as_tensor(X)).numpy()
     assert m.result.primal == pytest.approx(cvxpy_primal(name, K, y, c.numpy()), rel=1e-7)
+
+
+@pytest.mark.parametrize("name", ["hinge", "epsilon_insensitive"])
+def test_exact_newton_projected_steps_for_a_conjugate_it_cannot_tell_is_linear(monkeypatch, name):
+    """A user loss whose conjugate is linear on its box but not declared so (``quadratic = False``) keeps the exact
+    Newton engine's own path, projected Newton steps with a smoothing continuation: they are taken, and the fit
+    reaches cvxpy's optimum of the same loss."""
+    pytest.importorskip("cvxpy")
+    import joker_ext.newton_exact as ne
+
+    directions = []
+    direction = ne.newton_direction
+    monkeypatch.setattr(ne, "newton_direction", lambda *a, **k: directions.append(1) or direction(*a, **k))
+    builtin, X, y = _problem(name, n=80, seed=2)
+
+    class Undeclared(type(builtin)):
+        quadratic = False
+
+    loss = Undeclared(**({"epsilon": PARAMS["epsilon"]} if name == "epsilon_insensitive" else {}))
+    c = torch.full((80,), 1.0, dtype=F64)
+    m = fit_dual(torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1), loss=loss, c=c, kernel=GaussianKernel(1.0),
+                 options=SolverOptions(tol=1e-8, max_iter=500), solver="newton")
+    assert directions and m.result.status == "converged"
+    K = GaussianKernel(1.0)(torch.as_tensor(X), torch.as_tensor(X)).numpy()
+    assert m.result.primal == pytest.approx(cvxpy_primal(name, K, y, c.numpy()), rel=1e-6)
