@@ -573,7 +573,8 @@ def active_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: 
                 s = sigma[t] / c_col
                 out = col.round(a, f, float(b_all[t]), a.clone(), s, *(sets[t] or (None, None, None)))
                 if out is None and not failed[t]:  # the sets cycle: a more diagonal round, same centre
-                    sigma[t], failed[t] = max(sigma[t] * 10.0, SIGMA_START * col.scale), True
+                    # (10x the weight that cycled; from zero, where the conjugate is strongly convex: the first weight)
+                    sigma[t], failed[t] = sigma[t] * 10.0 if sigma[t] > 0 else SIGMA_START * col.scale, True
                 elif out is None:  # cycling twice: a monotone projected-Newton solve of the round instead
                     a_n, f_n, b_n = col.newton_round(a.clone(), f.clone(), s, a.clone())
                     alpha[:, t], F[:, t], b_all[t] = a_n, f_n, b_n
@@ -585,17 +586,11 @@ def active_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: 
                     alpha[:, t], F[:, t], b_all[t], _, sets[t] = out
 
             stall = GapStall(opts.tol, dtype, c_col)
-            last = [None]  # alpha after the previous iteration
 
             def at_floor(rec: dict) -> Optional[str]:  # rounds at the smallest proximal weight are exact
                 exact = all(s <= SIGMA_FLOOR * col.scale for s, col in zip(sigma, columns))
                 if exact and at_rounding_floor(rec["rel_gap"], opts.tol, dtype):
                     return "converged"
-                # an exact round that left every column where it was: the next ones would too
-                fixed_point = exact and last[0] is not None and torch.equal(alpha, last[0])
-                last[0] = alpha.clone()
-                if fixed_point:
-                    return "stalled"
                 return stall(rec, exact, alpha, lambda A: K @ A)
 
             reason, it, rec = outer_loop(mon, opts, loss, Y, F, alpha, b_all, c_col, it, state, sigma, columns,
