@@ -849,3 +849,28 @@ def test_active_set_raises_a_cycling_weight_tenfold_not_back_to_the_first():
     assert m.result.status == "converged" and m.result.n_iter < 40, (m.result.status, m.result.n_iter)
     K = kernel(torch.as_tensor(X), torch.as_tensor(X)).numpy()
     assert m.result.primal == pytest.approx(cvxpy_primal("absolute", K, y, c.numpy()), rel=1e-9)
+
+
+@pytest.mark.parametrize("C", [1e3, 1e4])
+def test_active_set_certificate_is_that_of_its_model_at_a_large_c(C):
+    """Hinge at C = 10^3-10^4 on 50 nearly separable points: the rounds update ``f = K alpha`` step by step, and the
+    rounding they accumulated put the certificate off the model (the reported primal 2.4e-8 above the model's own,
+    a gap stuck there to max_iter). The reported primal is the model's (``1/2 a^T K a + C sum hinge``, computed
+    here in numpy), and the fit converges to cvxpy's optimum."""
+    pytest.importorskip("cvxpy")
+    g = np.random.default_rng(0)
+    X = g.standard_normal((50, 2))
+    y = np.where(X[:, 0] + 0.5 * X[:, 1] > 0.3, 1.0, -1.0)
+    flip = g.uniform(size=50) < 0.1
+    y[flip] = -y[flip]
+    kernel = GaussianKernel(math.sqrt(1 / 1.4))
+    c = torch.full((50,), C, dtype=F64)
+    m = fit_dual(torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1), loss=get_loss("hinge"), c=c, kernel=kernel,
+                 options=SolverOptions(tol=1e-14, max_iter=100), solver="active_set")
+    K = kernel(torch.as_tensor(X), torch.as_tensor(X)).numpy()
+    a = m.result.alpha[:, 0].numpy()
+    f = K @ a
+    own = 0.5 * a @ f + C * np.maximum(0.0, 1.0 - y * f).sum()
+    assert m.result.primal == pytest.approx(own, rel=1e-12)
+    assert m.result.status == "converged" and m.result.rel_gap <= 1e-10, (m.result.status, m.result.rel_gap)
+    assert own == pytest.approx(cvxpy_primal("hinge", K, y, c.numpy()), rel=1e-7)
