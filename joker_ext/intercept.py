@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from .distributed import SingleProcess
+from .engines import at_rounding_floor
 from .features import ConcatFeatureMap, FeatureMap
 from .kernels import Kernel, SumKernel
 from .losses import Loss
@@ -48,6 +49,9 @@ __all__ = ["fit_intercept_search", "OffsetLoss", "ConstantKernel", "ConstantFeat
 
 #: Largest number of (warm-started) dual solves of the intercept search.
 MAX_INTERCEPT_ROUNDS = 60
+#: Rounds at the rounding floor (:func:`~joker_ext.engines.at_rounding_floor`) without the joint gap halving before the
+#: search stops as converged.
+FLOOR_ROUNDS = 3
 
 
 class OffsetLoss(Loss):
@@ -163,8 +167,9 @@ class RootSearch:
 
     First moves take the proximal step ``b + rho s(b)`` (the intercept of the augmented problem, which
     never overshoots the root: ``b + rho s(b)`` is the proximal map of the concave dual function of
-    ``b``, so its slope lies in [0, 1]) or a secant step stretched by 1.5 when that is longer, so that a
-    bracket forms quickly; inside a bracket it uses the Illinois variant of regula falsi, falling back
+    ``b``, so its slope lies in [0, 1]) or a secant step stretched by 1.5 when that is longer, or twice the
+    last step where ``s`` did not change over it (flat where every alpha sits at a bound: hinge at C = 0.01 took
+    proximal steps of 0.012 towards a root at about -1 and ran out of rounds), so that a bracket forms quickly; inside a bracket it uses the Illinois variant of regula falsi, falling back
     to bisection when a step would leave the bracket. No step is shorter than the proximal step; a
     bracket end that a step passes (its sign of ``s`` was spoiled by rounding in the inner solve) is
     dropped.
@@ -214,6 +219,10 @@ class RootSearch:
                     sec = -st * (b[t] - self.prev_b[t]) / (st - self.prev_s[t])
                     if np.isfinite(sec) and sec * st > 0 and abs(1.5 * sec) > abs(step):
                         step = 1.5 * sec
+                elif self.prev_b is not None and self.prev_s[t] == st and (b[t] - self.prev_b[t]) * st > 0:
+                    # s did not change over the last step (every alpha at a bound of its box: s is flat there):
+                    # twice that step, so that a far root is bracketed in a few rounds
+                    step = 2.0 * (b[t] - self.prev_b[t])
                 new[t] = b[t] + step
             # Never less than the proximal step b + rho s (it cannot pass the root in exact arithmetic); a
             # bracket end that the step crosses came from a value of s spoiled by rounding: drop it.
@@ -316,6 +325,7 @@ def fit_intercept_search(data, Y: torch.Tensor, *, loss: Loss, c: torch.Tensor, 
     floor = 64 * torch.finfo(dtype).eps
     tol_eff = max(tol, floor)
     inner_tol = max(tol_eff, 1e-6)
+    halved_at, stale = math.inf, 0  # the joint gap when it last halved, and the rounds since
     while True:
         b = torch.as_tensor(search.b, dtype=torch.float64)
         elapsed = time.perf_counter() - t0
@@ -365,6 +375,10 @@ def fit_intercept_search(data, Y: torch.Tensor, *, loss: Loss, c: torch.Tensor, 
         if rel <= tol_eff:
             status = "converged"
             break
+        halved_at, stale = (rel, 0) if rel <= 0.5 * halved_at else (halved_at, stale + 1)
+        if stale >= FLOOR_ROUNDS and at_rounding_floor(best["rel_gap"], tol, dtype):
+            status = "converged"  # at the rounding floor, and no longer falling (the engines' own rule)
+            break
         if callback is not None and callback({"round": rounds, "iteration": total, "time": rec["time"],
                                               "alpha": alpha, "state": _state(b_eff, beta, F, fmap, device),
                                               "primal": P, "dual": D, "gap": gap, "rel_gap": rel}):
@@ -376,7 +390,7 @@ def fit_intercept_search(data, Y: torch.Tensor, *, loss: Loss, c: torch.Tensor, 
         stagnant = bool(np.all(np.abs(s) <= 16 * eps * abs_sum.double().cpu().numpy()))
         out_of_time = opts.max_time is not None and time.perf_counter() - t0 >= opts.max_time
         if stagnant:
-            status = "converged" if rel <= max(tol_eff, 1e-10) else "stalled"
+            status = "converged" if at_rounding_floor(best["rel_gap"], tol, dtype) else "stalled"
             break
         if res.status in ("max_time", "interrupted", "callback") or total >= opts.max_iter or out_of_time \
                 or rounds >= MAX_INTERCEPT_ROUNDS:

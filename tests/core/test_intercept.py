@@ -191,3 +191,28 @@ def test_search_out_of_rounds_with_budget_left_reports_stalled():
                                device=torch.device("cpu"), solve=noisy_solve)
     assert len(calls) == MAX_INTERCEPT_ROUNDS and res.n_iter < 10_000
     assert res.status == "stalled"
+
+
+@pytest.mark.parametrize("solver", ["dbcd_tr", "newton"])
+def test_search_brackets_a_far_intercept_where_every_alpha_is_at_a_bound(solver):
+    """Hinge at C = 0.01, classes of nearly equal weight: every alpha sits at a bound of its box, so
+    ``s(b) = sum alpha`` is flat (and small: the classes' weights nearly cancel) over a long range of b, and the
+    proximal steps ``rho s`` ran out of rounds far from the root. The search doubles its step where s did not
+    change, and reaches cvxpy's optimum."""
+    pytest.importorskip("cvxpy")
+    from conftest import cvxpy_primal
+
+    g = np.random.default_rng(5)
+    X = g.standard_normal((60, 2))
+    y = np.where(np.arange(60) < 30, 1.0, -1.0)
+    c = np.full(60, 0.01)
+    c[30] = 0.0112  # sum_i y_i c_i = -1.2e-3
+    kernel = GaussianKernel(1.0)
+    m = fit_dual(torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1), loss=get_loss("hinge"), c=torch.as_tensor(c),
+                 kernel=kernel, options=SolverOptions(tol=1e-12, max_iter=5000), solver=solver, intercept=True)
+    from joker_ext.intercept import MAX_INTERCEPT_ROUNDS
+
+    assert m.result.status == "converged", (m.result.status, m.result.rel_gap)
+    assert int(m.result.state["intercept_rounds"]) < MAX_INTERCEPT_ROUNDS
+    K = kernel(torch.as_tensor(X), torch.as_tensor(X)).numpy()
+    assert m.result.primal == pytest.approx(cvxpy_primal("hinge", K, y, c, intercept=True), rel=1e-7)
