@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from .defaults import BLOCK_SIZE, CHUNK_ROWS, default_block_size, default_max_iter, precision_tol
+from .engines import SEARCH_BUDGETS
 from .engines import default_max_iter as engine_max_iter
 from .engines import needs_smoothing_loss, resolve_solver, supports_intercept
 from .features import FeatureMap, NystromFeatureMap, feature_mode_options, make_feature_map
@@ -357,8 +358,9 @@ def make_fit_plan(
     max_iter : int, optional
         The engine's outer iterations. Default: ``epochs`` passes over the blocks when ``epochs`` is given
         (``ceil(epochs * n_blocks)``, at least 1), else by ``iteration_budget``: ``'engine'``, the engine's own
-        (:func:`joker_ext.engines.default_max_iter`), or ``'blocks'``, DBCD-TR's budget of 50 passes over the
-        blocks, at least 200 iterations, whatever the engine.
+        (:func:`joker_ext.engines.default_max_iter`; :data:`joker_ext.engines.SEARCH_BUDGETS` times that when the
+        intercept search runs around the engine, whose solves share it), or ``'blocks'``, DBCD-TR's budget of 50
+        passes over the blocks, at least 200 iterations, whatever the engine.
     max_time : float, optional
         Time budget in seconds.
     verbose : bool
@@ -429,8 +431,8 @@ def make_fit_plan(
         iters = check_positive_int("max_iter", max_iter)
     elif epochs is not None:
         iters = max(1, int(math.ceil(check_positive("epochs", epochs) * math.ceil(n / b))))
-    elif iteration_budget == "engine":
-        iters = engine_max_iter(engine, n, b)
+    elif iteration_budget == "engine":  # (the intercept search's solves share theirs: SEARCH_BUDGETS of them)
+        iters = engine_max_iter(engine, n, b) * (SEARCH_BUDGETS if intercept_mode == "search" else 1)
     else:
         iters = default_max_iter(n, b)
     known = {f.name for f in dataclasses.fields(SolverOptions)}
