@@ -530,6 +530,7 @@ def test_newton_on_random_features_with_an_intercept_search_has_the_budget_to_co
     assert m.relative_gap_ <= 1e-9, (m.status_, m.n_iter_, m.relative_gap_)
     Phi = m.feature_map_(torch.from_numpy(X)).numpy()
     beta, b = cp.Variable(Phi.shape[1]), cp.Variable()
-    prob = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(beta) + 10.0 * cp.sum(cp.pos(1 - cp.multiply(y, Phi @ beta + b)))))
+    hinge = cp.pos(1 - cp.multiply(y, Phi @ beta + b))
+    prob = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(beta) + 10.0 * cp.sum(hinge)))
     prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
     assert m.primal_objective_ == pytest.approx(prob.value, rel=1e-7)
