@@ -48,12 +48,12 @@ from typing import Optional, Tuple
 import torch
 
 from .defaults import CONVERGENCE_WARN_GAP
-from .dense import scipy_blas_on_one_thread
+from .dense import cholesky_shifted, scipy_blas_on_one_thread
 from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag
 from .free_factor import FreeFactor
 from .losses import Loss
 from .memory import is_out_of_memory
-from .newton_exact import cholesky_shifted, newton_direction
+from .projected_newton import newton_direction
 from .solver import SolverOptions, SolverResult, orthant_box
 
 __all__ = ["active_set", "supports_active_set"]

@@ -25,8 +25,7 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
-from .dense import cholesky_solve
-from .newton_exact import cholesky_shifted
+from .dense import cholesky_shifted, cholesky_solve
 
 __all__ = ["solve_box_qp"]
 

@@ -59,10 +59,12 @@ from typing import Optional
 
 import torch
 
-from .dense import cholesky_ex, cholesky_solve
+from .active_set import active_set
+from .dense import cholesky_shifted, cholesky_solve
 from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag
 from .losses import Loss
 from .memory import is_out_of_memory
+from .projected_newton import newton_direction
 from .smoothing import Continuation, needs_smoothing
 from .solver import SolverOptions, SolverResult, duality_gap, orthant_box
 
@@ -70,46 +72,6 @@ __all__ = ["exact_newton", "cholesky_solve"]
 
 ARMIJO = 1e-4
 MAX_HALVINGS = 40
-
-
-def cholesky_shifted(H: torch.Tensor) -> torch.Tensor:
-    """Cholesky factor of the symmetric PSD ``H``, shifted by a growing multiple of its largest diagonal
-    entry when the plain factorisation fails (``H`` may be overwritten)."""
-    scale = float(H.diagonal().abs().max().clamp_min(torch.finfo(H.dtype).tiny))
-    step, shift = H.shape[0] * torch.finfo(H.dtype).eps * scale, 0.0
-    for _ in range(12):
-        L, info = cholesky_ex(H)
-        if int(info) == 0:
-            return L
-        H.diagonal().add_(step - shift)
-        shift, step = step, step * 10.0
-    raise torch.linalg.LinAlgError("the Newton system could not be factored")
-
-
-def newton_direction(K, diagK, grad, hess, a, lo, hi, eps0: float, *, residual: Optional[float] = None,
-                     bordered: bool = False):
-    """Projected-Newton direction: Newton on the free set, scaled gradient on the epsilon-active set.
-
-    The active set's width is ``eps = min(eps0, residual)``, ``residual`` by default the norm of the
-    projected-gradient step ``a - P(a - grad)``. ``bordered=True`` keeps the free coordinates' step on
-    ``sum_F d_F = 0`` (the Newton system bordered by the constraint ``sum_i a_i = 0`` of an intercept)."""
-    if residual is None:
-        residual = float((a - torch.minimum(torch.maximum(a - grad, lo), hi)).norm())
-    eps = min(eps0, residual)
-    fixed = ((a <= lo + eps) & (grad > 0)) | ((a >= hi - eps) & (grad < 0)) | (lo == hi)
-    d = torch.where(fixed, -grad / (diagK + hess).clamp_min(torch.finfo(a.dtype).tiny), torch.zeros_like(a))
-    free = torch.nonzero(~fixed).reshape(-1)
-    if free.numel():
-        H = K.clone() if free.numel() == a.numel() else K.index_select(0, free).index_select(1, free)
-        H.diagonal().add_(hess[free])
-        L = cholesky_shifted(H)
-        del H
-        if bordered:
-            sol = cholesky_solve(torch.stack([-grad[free], torch.ones_like(grad[free])], 1), L)
-            d[free] = sol[:, 0] - (sol[:, 0].sum() / sol[:, 1].sum()) * sol[:, 1]
-        else:
-            d[free] = -cholesky_solve(grad[free].unsqueeze(1), L).squeeze(1)
-    return d
 
 
 class _Column:
@@ -241,8 +203,6 @@ def exact_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options
     if operator.mode != "exact":
         raise ValueError(f"exact_newton needs an exact kernel operator, got mode {operator.mode!r}")
     if loss.quadratic:  # a dual that is quadratic or linear on its box: its semismooth Newton method
-        from .active_set import active_set  # (which imports this module's factorisations)
-
         return active_set(operator, Y, loss, c, options, alpha0=alpha0, state0=state0, start_iter=start_iter,
                           callback=callback, validation=validation, snapshot=snapshot, snapshot_every=snapshot_every)
     opts = options or SolverOptions()

@@ -82,10 +82,9 @@ import torch
 from .active_set import (FREE, MAX_INNER, SIGMA_FLOOR, SIGMA_START, GapStall, _Column, box_qp_inputs,
                          next_sigma, outer_loop, supports_active_set)
 from .defaults import FILL_ELEMENTS, WORKING_SET_DTYPE
-from .dense import scipy_blas_on_one_thread
+from .dense import cholesky_shifted, scipy_blas_on_one_thread
 from .interior_point import solve_box_qp
 from .free_factor import FreeFactor
-from .newton_exact import cholesky_shifted
 from .engines import WORKING_SET_SIZE, Monitor, at_rounding_floor, register_solver, sigint_as_flag
 from .losses import Loss
 from .memory import is_out_of_memory, working_set_cache_rows

@@ -9,7 +9,7 @@ from sklearn.svm import SVR
 
 import joker_ext.free_factor as ff
 from joker_ext import JokerRegressor
-from joker_ext.newton_exact import cholesky_shifted
+from joker_ext.dense import cholesky_shifted
 
 
 def _kernel(n, gamma=0.5, seed=0):
