@@ -1,14 +1,16 @@
-"""Projected Newton on the whole dual, for exact kernels whose n x n matrix fits in memory.
+"""The Newton engine for exact kernels whose n x n matrix fits in memory: projected Newton on the whole dual, Newton
+steps on the primal for logistic regression, and the semismooth Newton method of :mod:`joker_ext.active_set` for
+duals that are quadratic or linear on their box (see the end of this docstring).
 
 Problem (per target column, ``K`` the n x n kernel matrix, ``g_i(a) = -a y_i + psi(a) + kink |a|``)::
 
     min_alpha  D_s(alpha) = 1/2 alpha^T K alpha + sum_i [g_i(alpha_i) + s alpha_i^2 / (2 c_i)],
                lo_i <= alpha_i <= hi_i
 
-with the smoothing ``s`` of :mod:`joker_ext.smoothing` (``s = 0`` for losses whose ``psi'' > 0``: squared,
-Huber, squared hinge, logistic). The term ``s a^2 / (2c)`` makes the dual strongly convex where ``psi'' = 0``
-(hinge, absolute, pinball, epsilon-insensitive), whose free block ``K_FF`` is otherwise numerically
-singular; ``s`` is divided by 10 whenever the smoothed dual is solved well enough that the smoothing, not
+with the smoothing ``s`` of :mod:`joker_ext.smoothing` (``s = 0`` for losses whose ``psi'' > 0``). The term
+``s a^2 / (2c)`` makes the dual strongly convex where ``psi'' = 0`` (a conjugate linear on part of its box, as
+the support-vector losses', which this engine hands to the active-set method, but a user loss may not declare),
+whose free block ``K_FF`` is otherwise numerically singular; ``s`` is divided by 10 whenever the smoothed dual is solved well enough that the smoothing, not
 the solve, keeps the gap of the original problem open. Every iterate is feasible, so the gap of the
 original problem at it is the certificate, and the loop ends when its relative value is at most ``tol``.
 
