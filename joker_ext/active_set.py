@@ -506,7 +506,8 @@ def box_qp_inputs(engine: str, operator, Y: torch.Tensor, loss: Loss, c: torch.T
                          "none: use solver='newton'")
     n = Y.shape[0]
     c_col = c.reshape(n).to(dtype=Y.dtype, device=Y.device)
-    if not bool((c_col > 0).all()):  # a zero c_i makes the box a point and the proximal weight s_i = sigma / c_i infinite
+    # a zero c_i makes the box a point and the proximal weight s_i = sigma / c_i infinite
+    if not bool((c_col > 0).all()):
         bad = c_col[~(c_col > 0)][:3].tolist()
         raise ValueError(f"{engine} needs c > 0 (c_i = C w_i; leave rows of zero weight out), got values such as {bad}")
     loss.check_targets(Y)

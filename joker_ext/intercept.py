@@ -169,8 +169,9 @@ class RootSearch:
     never overshoots the root: ``b + rho s(b)`` is the proximal map of the concave dual function of
     ``b``, so its slope lies in [0, 1]) or a secant step stretched by 1.5 when that is longer, or twice the
     last step where ``s`` did not change over it (flat where every alpha sits at a bound: hinge at C = 0.01 took
-    proximal steps of 0.012 towards a root at about -1 and ran out of rounds), so that a bracket forms quickly; inside a bracket it uses the Illinois variant of regula falsi, falling back
-    to bisection when a step would leave the bracket. No step is shorter than the proximal step; a
+    proximal steps of 0.012 towards a root at about -1 and ran out of rounds), so that a bracket forms quickly;
+    inside a bracket it uses the Illinois variant of regula falsi, falling back to bisection when a step would
+    leave the bracket. No step is shorter than the proximal step; a
     bracket end that a step passes (its sign of ``s`` was spoiled by rounding in the inner solve) is
     dropped.
     """

@@ -10,9 +10,10 @@ Problem (per target column, ``K`` the n x n kernel matrix, ``g_i(a) = -a y_i + p
 with the smoothing ``s`` of :mod:`joker_ext.smoothing` (``s = 0`` for losses whose ``psi'' > 0``). The term
 ``s a^2 / (2c)`` makes the dual strongly convex where ``psi'' = 0`` (a conjugate linear on part of its box, as
 the support-vector losses', which this engine hands to the active-set method, but a user loss may not declare),
-whose free block ``K_FF`` is otherwise numerically singular; ``s`` is divided by 10 whenever the smoothed dual is solved well enough that the smoothing, not
-the solve, keeps the gap of the original problem open. Every iterate is feasible, so the gap of the
-original problem at it is the certificate, and the loop ends when its relative value is at most ``tol``.
+whose free block ``K_FF`` is otherwise numerically singular; ``s`` is divided by 10 whenever the smoothed dual is
+solved well enough that the smoothing, not the solve, keeps the gap of the original problem open. Every iterate is
+feasible, so the gap of the original problem at it is the certificate, and the loop ends when its relative value is
+at most ``tol``.
 
 One iteration (Bertsekas' projected Newton method, 1982, with the kink handled on orthants):
 
@@ -99,20 +100,6 @@ class _Column:
         if sm:
             out = out + (sm * s * (a + 0.5 * s) / self.c).sum()
         return float(out)
-
-    def try_step(self, s: torch.Tensor, Ks: Optional[torch.Tensor] = None) -> bool:
-        """Take the step ``s`` (feasible) when it decreases ``D_s``."""
-        moved = torch.nonzero(s).reshape(-1)
-        if moved.numel() == 0:
-            return False
-        if Ks is None:
-            Ks = self.K.index_select(0, moved).T @ s[moved]
-        change = self.change(s, Ks)
-        if math.isfinite(change) and change < 0:
-            self.a = torch.minimum(torch.maximum(self.a + s, self.lo), self.hi)
-            self.f = self.f + Ks
-            return True
-        return False
 
     def primal_step(self) -> bool:
         """One damped Newton step on the primal over ``w`` (see the module docstring), then the dual point

@@ -56,15 +56,16 @@ margin) take values that a linear system decides. The engine reads ``K`` through
 **Stop.** At the relative gap ``tol``, or, when ``tol`` lies below the gap's rounding floor (the estimators'
 default 1e-14 in float64), once every open column solved its last subproblem exactly at the smallest proximal
 weight and the gap, below :data:`~joker_ext.defaults.ROUNDING_GAP`, has not halved for
-:data:`~joker_ext.active_set.STALL_PATIENCE` iterations: nothing representable is left to gain (before this rule such fits ran to ``max_iter``, 160 outer
-iterations where 36 reach the floor at n = 4000, C = 10). At once, below that floor, when every open column's
-working set is the one its last subproblem solved exactly: nothing outside the set has moved since, so the
-subproblem is the same and its solution is where the column stands (the 2-3 repeated exact solves this saves
-were a fifth of an epsilon-insensitive fit at n = 4000). At large ``C`` the gap's own rounding noise lies above
-that floor (``|alpha|`` up to ``C`` while ``f = K alpha`` stays of the order of the targets): there, after
-:data:`~joker_ext.active_set.NOISE_PATIENCE` such iterations, the fit stops as 'stalled' when the gap is within the
-noise that rounding ``f`` leaves (:class:`~joker_ext.active_set.GapStall`; absolute, pinball and epsilon-insensitive at C = 1000-10^5 ran to ``max_iter`` with
-gaps of 1e-11 to 4e-9 that no longer fell, e.g. absolute at n = 3000, C = 1000: 120 iterations and 5.5 s).
+:data:`~joker_ext.active_set.STALL_PATIENCE` iterations: nothing representable is left to gain (before this rule
+such fits ran to ``max_iter``, 160 outer iterations where 36 reach the floor at n = 4000, C = 10). At once, below
+that floor, when every open column's working set is the one its last subproblem solved exactly: nothing outside the
+set has moved since, so the subproblem is the same and its solution is where the column stands (the 2-3 repeated
+exact solves this saves were a fifth of an epsilon-insensitive fit at n = 4000). At large ``C`` the gap's own
+rounding noise lies above that floor (``|alpha|`` up to ``C`` while ``f = K alpha`` stays of the order of the
+targets): there, after :data:`~joker_ext.active_set.NOISE_PATIENCE` such iterations, the fit stops as 'stalled'
+when the gap is within the noise that rounding ``f`` leaves (:class:`~joker_ext.active_set.GapStall`; absolute,
+pinball and epsilon-insensitive at C = 1000-10^5 ran to ``max_iter`` with gaps of 1e-11 to 4e-9 that no longer
+fell, e.g. absolute at n = 3000, C = 1000: 120 iterations and 5.5 s).
 
 Cost per outer iteration: ``|B|^2 d`` for ``K_BB``, ``n |moved| d`` for the moved rows not cached,
 ``n |moved|`` for the update, and a few Cholesky factorisations of the free part of ``K_BB``
