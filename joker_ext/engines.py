@@ -188,15 +188,18 @@ def needs_smoothing_loss(loss) -> bool:
     return needs_smoothing(loss, y, torch.ones(1, dtype=torch.float64))
 
 
-def default_max_iter(solver: str, n: int, block_size: int) -> int:
+def default_max_iter(solver: str, n: int, block_size: int, *, search: bool = False) -> int:
     """Default budget of outer iterations: Newton steps for 'newton' and 'active_set', ``WORKING_SET_ITER_PER_BLOCK``
     per ``n / WORKING_SET_SIZE`` for 'working_set', ``DBCD_EPOCHS`` passes over the
-    blocks (at least 200 block iterations) for 'dbcd_tr'."""
+    blocks (at least 200 block iterations) for 'dbcd_tr'; ``SEARCH_BUDGETS`` times that with ``search`` (the
+    intercept search around the engine, whose solves share one budget)."""
     if solver in ("newton", "active_set"):
-        return NEWTON_MAX_ITER
-    if solver == "working_set":
-        return max(NEWTON_MAX_ITER, WORKING_SET_ITER_PER_BLOCK * math.ceil(n / WORKING_SET_SIZE))
-    return block_iterations(n, max(1, block_size), DBCD_EPOCHS)
+        budget = NEWTON_MAX_ITER
+    elif solver == "working_set":
+        budget = max(NEWTON_MAX_ITER, WORKING_SET_ITER_PER_BLOCK * math.ceil(n / WORKING_SET_SIZE))
+    else:
+        budget = block_iterations(n, max(1, block_size), DBCD_EPOCHS)
+    return SEARCH_BUDGETS * budget if search else budget
 
 
 class _Interrupt:

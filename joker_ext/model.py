@@ -18,8 +18,7 @@ from .distributed import row_shards
 from .features import FeatureMap, NystromFeatureMap
 from .kernels import Kernel
 from .losses import Loss
-from .engines import SEARCH_BUDGETS, get_solver, resolve_solver, supports_intercept
-from .engines import default_max_iter as default_engine_iter
+from .engines import default_max_iter as default_engine_iter, get_solver, resolve_solver, supports_intercept
 from .intercept import fit_intercept_search
 from .memory import parse_memory, plan_blocks
 from .primal_newton import plan_memory
@@ -272,8 +271,8 @@ def _fit_with_search(data, Yd, *, loss, c, kernel, feature_map, options, dtype, 
         raise ValueError(f"{given[0]} cannot be used with intercept=True and solver {solver!r}, which gets the "
                          f"intercept from the intercept search (joker_ext.intercept); got {given[0]}="
                          f"{unsupported[given[0]]!r:.80}")
-    if options.max_iter is None:  # the search's solves share it
-        options = replace(options, max_iter=SEARCH_BUDGETS * default_engine_iter(solver, n_all, options.block_size))
+    if options.max_iter is None:
+        options = replace(options, max_iter=default_engine_iter(solver, n_all, options.block_size, search=True))
 
     def solve(*, loss, kernel, feature_map, options, alpha0) -> SolverResult:
         return fit_dual(data, Yd, loss=loss, c=c, kernel=kernel, feature_map=feature_map, options=options,

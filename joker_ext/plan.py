@@ -27,7 +27,6 @@ import numpy as np
 import torch
 
 from .defaults import BLOCK_SIZE, CHUNK_ROWS, default_block_size, default_max_iter, precision_tol
-from .engines import SEARCH_BUDGETS
 from .engines import default_max_iter as engine_max_iter
 from .engines import needs_smoothing_loss, resolve_solver, supports_intercept
 from .features import FeatureMap, NystromFeatureMap, feature_mode_options, make_feature_map
@@ -431,8 +430,8 @@ def make_fit_plan(
         iters = check_positive_int("max_iter", max_iter)
     elif epochs is not None:
         iters = max(1, int(math.ceil(check_positive("epochs", epochs) * math.ceil(n / b))))
-    elif iteration_budget == "engine":  # (the intercept search's solves share theirs: SEARCH_BUDGETS of them)
-        iters = engine_max_iter(engine, n, b) * (SEARCH_BUDGETS if intercept_mode == "search" else 1)
+    elif iteration_budget == "engine":
+        iters = engine_max_iter(engine, n, b, search=intercept_mode == "search")
     else:
         iters = default_max_iter(n, b)
     known = {f.name for f in dataclasses.fields(SolverOptions)}
