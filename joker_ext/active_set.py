@@ -576,7 +576,8 @@ def active_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: 
                 if out is None and not failed[t]:  # the sets cycle: a more diagonal round, same centre
                     # (10x the weight that cycled; from zero, where the conjugate is strongly convex: the first weight)
                     sigma[t], failed[t] = sigma[t] * 10.0 if sigma[t] > 0 else SIGMA_START * col.scale, True
-                elif out is None:  # cycling twice: a monotone projected-Newton solve of the round instead
+                    return  # alpha did not move
+                if out is None:  # cycling twice: a monotone projected-Newton solve of the round instead
                     a_n, f_n, b_n = col.newton_round(a.clone(), f.clone(), s, a.clone())
                     alpha[:, t], F[:, t], b_all[t] = a_n, f_n, b_n
                     sets[t] = col.predict(a_n, f_n, b_n, s, a_n)
