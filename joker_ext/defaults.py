@@ -15,7 +15,7 @@ import math
 import torch
 
 __all__ = ["PRECISION_TOL", "ROUNDING_GAP", "WORKING_SET_DTYPE", "FILL_ELEMENTS", "IN_PLACE_BLOCK", "PRACTICAL_TOL",
-           "CONVERGENCE_WARN_GAP", "CONVERT_SPLIT",
+           "CONVERGENCE_WARN_GAP", "CONVERT_SPLIT", "STREAM_BYTES",
            "CHUNK_ROWS",
            "BLOCK_SIZE", "LARGE_N_BLOCK_SIZE", "LARGE_N", "LOGISTIC_BLOCK_SIZE", "MIN_BLOCK_ITERATIONS", "BLOCK_EPOCHS",
            "GRAM_MAX", "DIRECT_MAX", "SINGULAR_DIRECT_MAX", "CAUCHY_FACTORS", "SEARCH_FACTORS",
@@ -53,6 +53,12 @@ IN_PLACE_BLOCK = 2**22
 #: from the conversion's blocks, at the same fit time and result). On a GPU, where a pass of small blocks is bound
 #: by launching its kernels, the conversion takes whole chunks.
 CONVERT_SPLIT = 4
+
+#: The feature Newton engine copies inputs that are not resident on its device in spans of about this many bytes,
+#: each cut into the pass's chunks there: a copy from pageable host memory waits for the device's queue, and one per
+#: chunk left a GPU pass of small chunks waiting on the host (synthetic 1M x 28, chunks of 209 rows: 4785 waits
+#: per pass).
+STREAM_BYTES = 4 * 2**20
 
 #: Relative gap at which front ends that stop at a practical accuracy stop: the harness's joker backends and
 #: JokerFalkon's Newton engines at Falkon's default ``cg_tolerance``. For the squared loss a gap ``g`` puts the

@@ -32,7 +32,7 @@ from typing import Optional, Union
 import torch
 
 from .defaults import (CAUCHY_CANDIDATES, CHUNK_ROWS, CONVERT_SPLIT, DIRECT_MAX, FILL_ELEMENTS, GRAM_MAX,
-                       IN_PLACE_BLOCK, SEARCH_CANDIDATES, WORKING_SET_DTYPE)
+                       IN_PLACE_BLOCK, SEARCH_CANDIDATES, STREAM_BYTES, WORKING_SET_DTYPE)
 from .engines import DEFAULT_EXACT_MEMORY, WORKING_SET_SIZE
 from .operators import block_model
 
@@ -176,7 +176,8 @@ def estimate_fit_memory(n: int, d: int, T: int = 1, *, n_features: Optional[int]
         the sketch and the passes never hold their buffers at once (the passes' workspaces are freed while
         the sketch is formed), so the total is ``per_row + model + max(sketch, passes + U)``::
 
-            per_row  = n (12 T + 1) s [+ n d p]          (n-vectors; the inputs' copy, when resident)
+            per_row  = n (12 T + 1) s + n d p           (n-vectors; the inputs' copy when resident, else a
+                                                         span of STREAM_BYTES, at most n d p)
             passes   = r M s + max(r M s / 2, [r M s / c if p != s] + r M p / 2)   (the pass chunk of r s / p
                        rows and X W of a Hessian pass; the gradient pass's copy in the solver dtype, c =
                        CONVERT_SPLIT on the CPU, 1 on a GPU, and its X W)
@@ -208,7 +209,9 @@ def estimate_fit_memory(n: int, d: int, T: int = 1, *, n_features: Optional[int]
         M, rank = n_features, min(int(newton_rank), n_features)
         p = itemsize if pass_itemsize is None else int(pass_itemsize)
         gpu = device is not None and torch.device(device).type == "cuda"
-        per_row = n * (NEWTON_ROW_VECTORS * T + 1) * itemsize + (n * d * p if resident else 0)
+        # the inputs' copy on the device: all of it when resident, else a span of whole chunks (STREAM_BYTES)
+        span = n * d * p if resident else min(n * d * p, max(r * d * p, STREAM_BYTES))
+        per_row = n * (NEWTON_ROW_VECTORS * T + 1) * itemsize + span
         # a pass: its feature chunk (r s / p rows of p bytes, kept between passes) and the product X W of its rows;
         # the gradient pass's chunk of r rows also has its copy in the solver dtype (a CONVERT_SPLIT-th of it at a
         # time on the CPU), freed at the pass's end

@@ -69,9 +69,10 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+import numpy as np
 import torch
 
-from .defaults import CONVERT_SPLIT, IN_PLACE_BLOCK
+from .defaults import CONVERT_SPLIT, IN_PLACE_BLOCK, STREAM_BYTES
 from .dense import cholesky_ex, cholesky_solve
 from .distributed import SingleProcess, local_positions
 from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag
@@ -88,6 +89,9 @@ ARMIJO = 1e-4
 MAX_HALVINGS = 40
 #: Largest copy of the training inputs (bytes) kept on the solver's device for the passes.
 RESIDENT_BYTES = 2 * 2**30
+#: Rows per block of the duality gap's O(n) sums: their temporaries are blocks, not n-vectors (at n = 1M, each
+#: n-vector of float64 is 8 MB of a GPU budget).
+GAP_ROWS = 1 << 16
 #: Chunks between two polls of the lagged convergence flag while a product is being queued.
 POLL_EVERY = 4
 #: Tightest relative residual asked of the conjugate gradients when the products run in float32.
@@ -385,6 +389,15 @@ class _Flags:
         return self.values[k]
 
 
+def _row_sums(terms, n: int, rows: int = GAP_ROWS) -> tuple:
+    """``sum_k terms(lo_k, hi_k)`` over blocks of ``rows`` rows, ``terms`` returning a tuple of per-column sums."""
+    total = None
+    for lo in range(0, n, rows):
+        part = terms(lo, min(lo + rows, n))
+        total = part if total is None else tuple(t + p for t, p in zip(total, part))
+    return total
+
+
 class _Passes:
     """Passes over the data through the feature map, chunk by chunk.
 
@@ -438,13 +451,30 @@ class _Passes:
         return src.to(device=self.device, dtype=dt)
 
     def chunks(self, rows: int):
+        """Yields ``(start, stop, Xc)`` over the rows in chunks of ``rows``, ``Xc`` on the device in the input
+        dtype: slices of the resident copy, or of spans of whole chunks copied :data:`STREAM_BYTES` at a time."""
         if self.X is not None:
-            for start in range(0, self.n, rows):
-                stop = min(start + rows, self.n)
-                yield start, stop, self.X[start:stop]
+            spans = [(0, self.n, self.X)]
         else:
-            for start, stop, Xc in self.data.chunks(rows):
-                yield start, stop, Xc.to(self.basis.input_dtype)
+            itemsize = torch.finfo(self.basis.input_dtype).bits // 8
+            span = rows * max(1, STREAM_BYTES // (rows * self.data.d * itemsize))
+            spans = ((s0, s1, self._span(s0, s1)) for s0, s1 in
+                     ((s0, min(s0 + span, self.n)) for s0 in range(0, self.n, span)))
+        for s0, s1, Xs in spans:
+            for start in range(s0, s1, rows):
+                stop = min(start + rows, s1)
+                yield start, stop, Xs[start - s0:stop - s0]
+
+    def _span(self, start: int, stop: int) -> torch.Tensor:
+        """Rows ``start:stop`` of the inputs on the device in the input dtype, converted once (not through the
+        solver dtype, as :meth:`BlockData.slice` would)."""
+        data, dt = self.data, self.basis.input_dtype
+        if data.kind not in ("tensor", "numpy"):
+            return data.slice(start, stop).to(dt)
+        block = data.source[start:stop]
+        if not torch.is_tensor(block):
+            block = torch.from_numpy(np.ascontiguousarray(block))
+        return block.to(device=self.device, dtype=dt)
 
     def take(self, idx: torch.Tensor) -> torch.Tensor:
         if self.X is not None:
@@ -478,9 +508,12 @@ class _Passes:
         if self.low:  # the copy in the solver dtype goes: the Hessian passes, most of a fit, do without it
             self._buffers.pop(beta.dtype, None)
         self.passes += 1
-        loss_terms = (self.c * self.loss.value(self.Y, F)).sum(0)
-        conj_terms = self.loss.conj(A, self.Y, self.c).sum(0)
-        share = self.loss.fenchel_young(self.Y, F, A, self.c).sum(0)
+
+        def terms(lo, hi):
+            Yb, Fb, Ab, cb = self.Y[lo:hi], F[lo:hi], A[lo:hi], self.c[lo:hi]
+            return ((cb * self.loss.value(Yb, Fb)).sum(0), self.loss.conj(Ab, Yb, cb).sum(0),
+                    self.loss.fenchel_young(Yb, Fb, Ab, cb).sum(0))
+        loss_terms, conj_terms, share = _row_sums(terms, n)
         acc, loss_terms, conj_terms, share = self.shards.sum_many(acc, loss_terms, conj_terms, share)
         PhiTA = self.basis.left(acc)
         primal = 0.5 * (beta * beta).sum(0) + loss_terms
@@ -594,7 +627,8 @@ def _pcg(passes: _Passes, grad, W, precond, eta: float, max_cg: int, still_open=
         step = torch.where(active & (pHp > 0), rz / torch.where(pHp > 0, pHp, torch.ones_like(pHp)),
                            torch.zeros_like(pHp))
         D.add_(step * P)
-        Z.add_(step * PhiP)
+        Z.addcmul_(PhiP, step)  # (no n-vector temporary)
+        out = PhiP = None
         R.sub_(step * HP)
         active = active & (R.norm(dim=0) > target)
         if still_open is not None:
@@ -626,28 +660,33 @@ def _gap_test(loss: Loss, Y, c_col, beta, F, tol: float, shards: SingleProcess, 
     no product with ``Phi``. (The residual is the recurrence's: the next Newton iteration's gradient pass
     certifies the gap from scratch.)
 
-    ``observe(b, primal, dual, a)``, when given, sees every iterate's certificate (:class:`_InnerReports`); when it
-    returns True every column closes.
+    ``observe(b, primal, dual, dual_point)``, when given, sees every iterate's certificate (:class:`_InnerReports`;
+    ``dual_point()`` evaluates ``a(f)``); when it returns True every column closes.
     """
     def still_open(D, Z, R):
         b = beta + D
-        primal, dual, a = _quadratic_certificate(loss, Y, c_col, b, F + Z, R, shards)
+        primal, dual = _quadratic_certificate(loss, Y, c_col, b, F, Z, R, shards)
         is_open = primal + dual > tol * torch.maximum(primal.abs(), dual.abs())
-        if observe is not None and observe(b, primal, dual, a):
+        if observe is not None and observe(b, primal, dual, lambda: loss.smoothed_dual(F + Z, Y, c_col)[0]):
             is_open = torch.zeros_like(is_open)
         return is_open
     return still_open
 
 
-def _quadratic_certificate(loss: Loss, Y, c_col, b, f, R, shards: SingleProcess):
-    """``(primal, dual, a)`` per column at the weights ``b`` with ``f = Phi b`` and the dual point ``a = a(f)`` of a
-    quadratic primal, where the CG residual gives ``Phi^T a = b + R`` (see :func:`_gap_test`): O(n + M)."""
-    a, _ = loss.smoothed_dual(f, Y, c_col)
-    loss_terms, conj_terms = shards.sum_many((c_col * loss.value(Y, f)).sum(0), loss.conj(a, Y, c_col).sum(0))
+def _quadratic_certificate(loss: Loss, Y, c_col, b, F, Z, R, shards: SingleProcess):
+    """``(primal, dual)`` per column at the weights ``b`` with ``f = Phi b = F + Z`` and the dual point ``a = a(f)``
+    of a quadratic primal, where the CG residual gives ``Phi^T a = b + R`` (see :func:`_gap_test`): O(n + M), its
+    temporaries blocks of :data:`GAP_ROWS` rows."""
+    def terms(lo, hi):
+        Yb, cb = Y[lo:hi], c_col[lo:hi]
+        f = F[lo:hi] + Z[lo:hi]
+        a, _ = loss.smoothed_dual(f, Yb, cb)
+        return (cb * loss.value(Yb, f)).sum(0), loss.conj(a, Yb, cb).sum(0)
+    loss_terms, conj_terms = shards.sum_many(*_row_sums(terms, Y.shape[0]))
     primal = 0.5 * (b * b).sum(0) + loss_terms
     phi_a = b + R
     dual = 0.5 * (phi_a * phi_a).sum(0) + conj_terms
-    return primal, dual, a
+    return primal, dual
 
 
 class _InnerReports:
@@ -665,14 +704,14 @@ class _InnerReports:
         self.stop: Optional[str] = None
         self.last = -1  # ``total`` at the last report
 
-    def __call__(self, b, primal, dual, a) -> bool:
+    def __call__(self, b, primal, dual, dual_point) -> bool:
         self.total += 1
         if self.stop is None and self.total % self.every == 0:
             self.last = self.total
             p, d = float(primal.sum()), float(dual.sum())
             self.stop = self.shards.agree(self.mon.report_inner(
-                self.iteration, p, d, p + d, {"beta": self.basis.to_external(b)}, a, passes=self.passes.passes,
-                cg_iterations=self.total))
+                self.iteration, p, d, p + d, {"beta": self.basis.to_external(b)}, dual_point(),
+                passes=self.passes.passes, cg_iterations=self.total))
         return self.stop is not None
 
 
@@ -685,12 +724,15 @@ def _line_search(loss: Loss, Y, c_col, beta, D, F, Z, grad, smoothing: float,
     bb, bd, dd = float((beta * beta).sum()), float((beta * D).sum()), float((D * D).sum())
 
     def value(t):
-        f = F + t * Z
-        if shift is not None:
-            f = f - shift
-        a, _ = loss.smoothed_dual(f, Y, c_col, smoothing)
-        (terms,) = shards.sum_many(loss.smoothed_value(f, Y, c_col, a, smoothing).sum().reshape(1))
-        return 0.5 * (bb + 2 * t * bd + t * t * dd) + float(terms)
+        def terms(lo, hi):
+            f = F[lo:hi] + t * Z[lo:hi]
+            if shift is not None:
+                f = f - shift[lo:hi]
+            Yb, cb = Y[lo:hi], c_col[lo:hi]
+            a, _ = loss.smoothed_dual(f, Yb, cb, smoothing)
+            return (loss.smoothed_value(f, Yb, cb, a, smoothing).sum().reshape(1),)
+        (total,) = shards.sum_many(*_row_sums(terms, Y.shape[0]))
+        return 0.5 * (bb + 2 * t * bd + t * t * dd) + float(total)
 
     p0, t = value(0.0), 1.0
     for _ in range(MAX_HALVINGS):
@@ -726,6 +768,18 @@ class _BestCertificate:
             return False
         self.stalls += 1
         return self.stalls >= FLOOR_PATIENCE
+
+
+def _prefer_best(best: _BestCertificate, last: dict, status: str, tol: float, dtype: torch.dtype) -> bool:
+    """Whether the fit returns its best certificate instead of its last iterate: the best gap is smaller, and either
+    it is at the rounding floor (the iterations went on below the floor, where the smoothed problems' dual points
+    can only lose their certificate) or its primal objective is no larger (the model is as good). Far from the
+    optimum the relative gap is about 1 and says little: a budget stop inside the squared loss's single CG run
+    has a better model than the start at a gap of 1 + 1e-6 against the start's 1 + 1e-6 less, and returned the
+    start. A stop the user asked for (callback, interrupt) keeps the iterate it was asked at."""
+    if best.rec is None or status in ("callback", "interrupted") or not best.rec["rel_gap"] < last["rel_gap"]:
+        return False
+    return at_rounding_floor(best.rec["rel_gap"], tol, dtype) or best.rec["primal"] <= last["primal"]
 
 
 def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: Optional[SolverOptions] = None,
@@ -809,6 +863,7 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
     with sigint_as_flag(opts.handle_sigint) as sig:
         try:
             while True:
+                g = D = Z = None  # the last iterate's n-vectors go before the pass allocates the next ones
                 g = passes.gradient(beta, smoothing.value, shift)
                 alpha, state = g["A"], {"beta": basis.to_external(beta)}
                 gap = g["primal"] + g["dual"]
@@ -865,10 +920,7 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
             status = "out_of_memory"
     if rec is None:
         rec = {"primal": math.nan, "dual": math.nan, "gap": math.nan, "rel_gap": math.inf}
-    elif best.rec is not None and best.rec["rel_gap"] < rec["rel_gap"] and status not in ("callback", "interrupted"):
-        # the iterations went on below the rounding floor, where the certificate of the smoothed problems' dual
-        # points can only get worse (as the smoothing vanishes, a* jumps between the signs at the kinks); a stop that
-        # the user asked for (callback, interrupt) keeps the iterate it was asked at
+    elif _prefer_best(best, rec, status, opts.tol, dtype):
         rec, alpha, state = best.rec, best.alpha, best.state
         if status in ("max_iter", "stalled") and at_rounding_floor(rec["rel_gap"], opts.tol, dtype):
             status = "converged"

@@ -135,6 +135,55 @@ def test_feature_newton_squared_is_ridge_in_one_conjugate_gradient_run(compute_d
         assert res.n_iter == 1 and res.history[-1]["passes"] > 10  # (a weak preconditioner: many CG steps)
         assert res.rel_gap > 1e-13  # stopped at the gap, not run on to a residual at rounding level
 
+@pytest.mark.parametrize("max_cg", [1, 3, 10])
+def test_feature_newton_budget_stop_inside_its_cg_run_returns_the_cg_iterate(max_cg):
+    """Squared loss stopped by its budget inside its single CG run (``max_iter=1``, ``max_cg`` products; a GPU fit
+    with ``max_time`` did the same): far from the optimum the relative gap is about 1 at the start and at the CG
+    iterate alike (1 + 1e-6 against 1 + 1e-5), and the fit returned the zero start, whose gap was smaller. The
+    returned model is the CG iterate: its primal objective, computed here from ``beta``, is the reported one and
+    lies below the start's ``C / 2 sum y^2``."""
+    from joker_ext.features import RandomFeatureMap
+
+    X, y = make_regression(n=600, seed=5)
+    C = 1e4
+    fmap = RandomFeatureMap(GaussianKernel(1.0), 150, seed=1)
+    Xt = torch.as_tensor(X)
+    op = FeatureOperator(fmap, BlockData(Xt, F64, torch.device("cpu")), chunk_rows=256)
+    res = feature_newton(op, torch.as_tensor(y).reshape(-1, 1), get_loss("squared"), torch.full((600,), C, dtype=F64),
+                         SolverOptions(max_iter=1, tol=1e-10, max_cg=max_cg, newton_rank=10, newton_sketch_rows=200))
+    assert res.status == "max_iter" and res.rel_gap > 0.5  # far from the optimum, as in the bug
+    beta = res.state["beta"][:, 0]
+    residual = torch.as_tensor(y) - fmap(Xt) @ beta
+    primal = 0.5 * float(beta @ beta) + 0.5 * C * float(residual @ residual)
+    assert primal == pytest.approx(res.primal, rel=1e-9)
+    assert primal < 0.9 * 0.5 * C * float(np.sum(y ** 2))
+
+
+@pytest.mark.parametrize("source", ["tensor", "numpy"])
+def test_feature_newton_streamed_inputs_give_the_resident_fit(monkeypatch, source):
+    """Inputs not resident on the device are copied in spans of whole chunks (``STREAM_BYTES``, here 3 chunks and a
+    ragged last span): the same chunk boundaries as slices of a resident copy, hence the same fit to the bit, on
+    float32 inputs of a float64 fit (the spans converted once to the pass dtype); squared and a kinked loss."""
+    import joker_ext.primal_newton as pn
+    from joker_ext.features import RandomFeatureMap
+
+    X, y = make_regression(n=1000, seed=6)
+    Xs = X.astype(np.float32) if source == "numpy" else torch.as_tensor(X, dtype=torch.float32)
+    fmap = RandomFeatureMap(GaussianKernel(1.0), 64, seed=2, compute_dtype=torch.float32)
+    chunk = 96
+    monkeypatch.setattr(pn, "STREAM_BYTES", 3 * chunk * X.shape[1] * 4 + 5)
+    for loss in (get_loss("squared"), get_loss("huber", delta=0.2)):
+        fits = []
+        for resident in (True, False):
+            op = FeatureOperator(fmap, BlockData(Xs, F64, torch.device("cpu")), chunk_rows=chunk)
+            fits.append(feature_newton(op, torch.as_tensor(y).reshape(-1, 1), loss, torch.full((1000,), 10.0, dtype=F64),
+                                       SolverOptions(max_iter=30, tol=1e-10, newton_rank=8, newton_sketch_rows=200,
+                                                     newton_resident=resident)))
+        assert fits[0].status == fits[1].status == "converged"
+        assert torch.equal(fits[0].state["beta"], fits[1].state["beta"])
+        assert fits[0].history[-1]["passes"] == fits[1].history[-1]["passes"]
+
+
 def test_feature_newton_several_targets_equal_separate_fits():
     X, y = make_regression(n=300, seed=2)
     Y = np.stack([y, np.sin(3 * y)], axis=1)
