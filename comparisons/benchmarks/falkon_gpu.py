@@ -221,12 +221,13 @@ def _joker_class():
 
 
 def _joker_fit(falkon, kernel, cfg, data, cuda: bool, features: str, target: float, report: bool,
-               max_time=None, report_every: int = 1) -> dict:
+               max_time=None, report_every: int = 1, max_gpu_mem=None) -> dict:
     import torch
 
     Xtr, ytr, Xts, yts = data
     cls = _joker_class()
-    opt = falkon.FalkonOptions(use_cpu=not cuda)
+    cap = {} if max_gpu_mem is None else {"max_gpu_mem": float(max_gpu_mem)}
+    opt = falkon.FalkonOptions(use_cpu=not cuda, **cap)
     kw = dict(seed=0, options=opt, features=features, max_time=max_time)
     if report:
         kw.update(error_fn=lambda Y, P: _rmse(Y, P), error_every=report_every)

@@ -8,7 +8,10 @@ a. Falkon with ``FalkonOptions(max_gpu_mem=cap)``, ``cap`` the configuration's e
    finds it (flights, M = 20,000: 0.24 GiB; synthetic 1M: 0.29 GiB on an H200);
 b. JokerFalkon with Falkon's default options (no cap) and with the same ``max_gpu_mem`` (its Newton engine then
    plans its preconditioner's rank and its chunks for the budget, :func:`joker_ext.memory.plan_newton`),
-   ``--repeats`` times each.
+   ``--repeats`` times each;
+c. per cap, one more JokerFalkon fit that reports its test RMSE after every Newton and CG iteration (the
+   reporting's time excluded): the time at which it first reaches Falkon's test RMSE (``--no-time-to-target``
+   skips it). Its peak is not reported: the test set it evaluates sits on the device.
 
 Each fit reports its time, its test RMSE and its peak GPU memory: ``torch.cuda.max_memory_allocated`` during the
 fit less what was allocated when it started. Falkon's capped fit comes first in a process that has run no
@@ -93,6 +96,23 @@ def worker(a) -> None:
                 emit(_joker_fit(kernel, cfg, data, cuda, cap, a.joker_max_time))
             except Exception as exc:  # recorded, the other fits still run
                 emit({"lib": "joker", "cap_gib": cap, "error": f"{type(exc).__name__}: {exc}"[:300]})
+        if a.time_to_target and "rmse" in f:
+            emit(_time_to_target(falkon, kernel, cfg, data, cuda, cap, f["rmse"], a))
+
+
+def _time_to_target(falkon, kernel, cfg, data, cuda: bool, cap_gib: float, target: float, a) -> dict:
+    """A reporting JokerFalkon fit (test RMSE after every Newton and CG iteration, the reporting's own time
+    excluded, :func:`falkon_gpu._joker_fit`): the time at which it first reaches Falkon's test RMSE."""
+    from . import falkon_gpu as fg
+
+    cap = None if math.isinf(cap_gib) else cap_gib * GIB
+    try:
+        r = fg._joker_fit(falkon, kernel, cfg, data, cuda, "auto", target, report=True, max_time=a.joker_max_time,
+                          report_every=a.cg_every, max_gpu_mem=cap)
+    except Exception as exc:  # recorded, the other fits still run
+        return {"lib": "joker_trace", "cap_gib": cap_gib, "error": f"{type(exc).__name__}: {exc}"[:300]}
+    keep = ("time_to_target", "best_rmse", "fit_time_excl_reporting", "status", "trace")
+    return dict({k: r.get(k) for k in keep}, lib="joker_trace", cap_gib=cap_gib, target_rmse=target)
 
 
 def render(records) -> str:
@@ -105,6 +125,13 @@ def render(records) -> str:
                   "| fit | max_gpu_mem (GiB) | fit (s) | / Falkon | test RMSE | peak GPU (MiB) | / Falkon | planned |",
                   "|---|---|---|---|---|---|---|---|"]
         for r in rows:
+            if r["lib"] == "joker_trace":
+                tt = r.get("time_to_target")
+                ratio = f" ({tt / fa['fit_time']:.3f}x Falkon's fit time)" if tt is not None and fa else ""
+                reached = f"{tt:.2f} s{ratio}" if tt is not None else (r.get("error") or "not reached")
+                lines.append(f"| JokerFalkon to Falkon's RMSE | {r['cap_gib']} | {reached} | | "
+                             f"best {r.get('best_rmse') or float('nan'):.5f} | | | |")
+                continue
             if "fit_time" not in r:
                 lines.append(f"| {r['lib']} | {r['cap_gib']} | {r.get('error', 'failed')} | | | | | |")
                 continue
@@ -124,6 +151,9 @@ def main(argv=None) -> None:
     p.add_argument("--flights-npz", default=".device/data/flights200k.npz")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--joker-max-time", type=float, default=None)
+    p.add_argument("--no-time-to-target", dest="time_to_target", action="store_false",
+                   help="skip the reporting fit per cap that times JokerFalkon's reaching Falkon's test RMSE")
+    p.add_argument("--cg-every", type=int, default=1, help="the reporting fit's error_every")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per configuration")
     p.add_argument("--out", default=None, help="JSON lines of the workers' records")
@@ -139,7 +169,9 @@ def main(argv=None) -> None:
     out = a.out or os.path.join("/tmp", f"falkon_gpu_capped_{os.getpid()}.jsonl")
     for cfg, cap in zip(configs, caps):
         cmd = [sys.executable, "-m", MODULE, "--worker", cfg, "--cap", str(cap), "--flights-npz", a.flights_npz,
-               "--repeats", str(a.repeats), "--out", out]
+               "--repeats", str(a.repeats), "--out", out, "--cg-every", str(a.cg_every)]
+        if not a.time_to_target:
+            cmd.append("--no-time-to-target")
         if a.joker_max_time:
             cmd += ["--joker-max-time", str(a.joker_max_time)]
         if a.quick:
