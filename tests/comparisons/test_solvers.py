@@ -121,6 +121,19 @@ def test_askotch_linear_convergence_to_krr():
     assert rate2 < 0.3 * rate1 < 0  # no stagnation: the second half keeps a comparable rate
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_askotch_on_a_gpu_solves_krr():
+    rng = np.random.default_rng(1)
+    n, d, lam = 400, 5, 1e-2
+    X = rng.standard_normal((n, d))
+    y = np.sin(X[:, 0]) + 0.1 * rng.standard_normal(n)
+    k = LaplacianKernel(sigma=3.0)
+    ref = np.linalg.solve(_dense(k, X) + lam * np.eye(n), y)
+    m = ASkotch(k, lam, block_size=80, rank=40, max_iter=400, tol=1e-10, device="cuda").fit(X, y)
+    assert m.w_.device.type == "cuda"
+    assert np.linalg.norm(m.w_[:, 0].cpu().numpy() - ref) / np.linalg.norm(ref) < 1e-6
+
+
 def test_skotch_unaccelerated_converges():
     rng = np.random.default_rng(2)
     n, lam = 300, 1e-1
@@ -394,6 +407,29 @@ def test_bad_fit_inputs_are_named():
         EigenPro2(k, n_nystrom=20).fit(X, np.zeros(10))
     with pytest.raises(RuntimeError, match="not fitted"):
         EigenPro2(k).predict(X)
+
+
+def test_nystrom_factor_through_the_gram_matrix_is_algorithm_2_with_the_svd():
+    """seed 004, Algorithm 2 written out with the SVD of the tall ``B``, against the factor, which takes the
+    thin SVD through ``B^T B``: the same approximation ``U diag(L) U^T`` and orthonormal kept columns."""
+    from joker_ext.comparisons.solvers.askotch import nystrom_approximation
+
+    X = torch.randn(200, 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    K = GaussianKernel(2.0)(X, X)
+    U, L = nystrom_approximation(K, 60, torch.Generator().manual_seed(3))
+    g = torch.Generator().manual_seed(3)  # the same test matrix
+    Omega, _ = torch.linalg.qr(torch.randn(200, 60, generator=g, dtype=torch.float64))
+    nu = torch.finfo(torch.float64).eps * float(K.trace())
+    Ynu = K @ Omega + nu * Omega
+    C = torch.linalg.cholesky(Omega.T @ Ynu).T
+    B = torch.linalg.solve_triangular(C, Ynu, upper=True, left=False)
+    Ur, S, _ = torch.linalg.svd(B, full_matrices=False)
+    Lr = (S ** 2 - nu).clamp_min(0.0)
+    ref = Ur @ torch.diag(Lr) @ Ur.T
+    assert torch.allclose(U @ torch.diag(L) @ U.T, ref, rtol=0, atol=1e-10 * float(ref.abs().max()))
+    assert torch.allclose(L, Lr, rtol=0, atol=1e-10 * float(Lr[0]))
+    kept = L > 0
+    assert torch.allclose(U[:, kept].T @ U[:, kept], torch.eye(int(kept.sum()), dtype=torch.float64), atol=1e-8)
 
 
 def test_askotch_step_constant_is_the_preconditioned_top_eigenvalue():
