@@ -390,9 +390,10 @@ class _Flags:
 
 
 def _row_sums(terms, n: int, rows: int = GAP_ROWS) -> tuple:
-    """``sum_k terms(lo_k, hi_k)`` over blocks of ``rows`` rows, ``terms`` returning a tuple of per-column sums."""
+    """``sum_k terms(lo_k, hi_k)`` over blocks of ``rows`` rows, ``terms`` returning a tuple of per-column sums
+    (one empty block when ``n = 0``: a process's shard may hold no rows)."""
     total = None
-    for lo in range(0, n, rows):
+    for lo in range(0, max(n, 1), rows):
         part = terms(lo, min(lo + rows, n))
         total = part if total is None else tuple(t + p for t, p in zip(total, part))
     return total

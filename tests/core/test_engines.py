@@ -159,6 +159,17 @@ def test_feature_newton_budget_stop_inside_its_cg_run_returns_the_cg_iterate(max
     assert primal < 0.9 * 0.5 * C * float(np.sum(y ** 2))
 
 
+@pytest.mark.parametrize("n", [0, 1, 7, 64, 200])
+def test_row_block_sums_equal_the_whole_sums_empty_shards_included(n):
+    from joker_ext.primal_newton import _row_sums
+
+    A = torch.randn(n, 3, dtype=F64, generator=torch.Generator().manual_seed(n))
+    s, q = _row_sums(lambda lo, hi: (A[lo:hi].sum(0), (A[lo:hi] ** 2).sum(0)), n, rows=16)
+    torch.testing.assert_close(s, A.sum(0), rtol=1e-14, atol=1e-13)
+    torch.testing.assert_close(q, (A ** 2).sum(0), rtol=1e-14, atol=1e-13)
+    assert s.shape == (3,)
+
+
 @pytest.mark.parametrize("source", ["tensor", "numpy"])
 def test_feature_newton_streamed_inputs_give_the_resident_fit(monkeypatch, source):
     """Inputs not resident on the device are copied in spans of whole chunks (``STREAM_BYTES``, here 3 chunks and a
