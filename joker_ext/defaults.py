@@ -15,7 +15,7 @@ import math
 import torch
 
 __all__ = ["PRECISION_TOL", "ROUNDING_GAP", "WORKING_SET_DTYPE", "FILL_ELEMENTS", "IN_PLACE_BLOCK", "PRACTICAL_TOL",
-           "CONVERGENCE_WARN_GAP", "CONVERT_SPLIT", "STREAM_BYTES",
+           "CONVERGENCE_WARN_GAP", "CONVERT_SPLIT", "STREAM_BYTES", "FEATURE_CACHE_BYTES",
            "CHUNK_ROWS",
            "BLOCK_SIZE", "LARGE_N_BLOCK_SIZE", "LARGE_N", "LOGISTIC_BLOCK_SIZE", "MIN_BLOCK_ITERATIONS", "BLOCK_EPOCHS",
            "GRAM_MAX", "DIRECT_MAX", "SINGULAR_DIRECT_MAX", "CAUCHY_FACTORS", "SEARCH_FACTORS",
@@ -59,6 +59,12 @@ CONVERT_SPLIT = 4
 #: chunk left a GPU pass of small chunks waiting on the host (synthetic 1M x 28, chunks of 209 rows: 4785 waits
 #: per pass).
 STREAM_BYTES = 4 * 2**20
+
+#: The feature Newton engine keeps the features of its Hessian products (``n x M`` in the pass dtype) when they take
+#: at most this many bytes and no memory budget is planned (``SolverOptions.newton_cache``), instead of computing
+#: them again at every product: 20,000 rows, 64 random features, absolute loss, 2084 products in 54 Newton
+#: iterations spent 4.4 of 6.9 s in the cosines and sines.
+FEATURE_CACHE_BYTES = 256 * 2**20
 
 #: Relative gap at which front ends that stop at a practical accuracy stop: the harness's joker backends and
 #: JokerFalkon's Newton engines at Falkon's default ``cg_tolerance``. For the squared loss a gap ``g`` puts the

@@ -32,7 +32,7 @@ from typing import Optional, Union
 import torch
 
 from .defaults import (CAUCHY_CANDIDATES, CHUNK_ROWS, CONVERT_SPLIT, DIRECT_MAX, FILL_ELEMENTS, GRAM_MAX,
-                       IN_PLACE_BLOCK, SEARCH_CANDIDATES, STREAM_BYTES, WORKING_SET_DTYPE)
+                       IN_PLACE_BLOCK, SEARCH_CANDIDATES, STREAM_BYTES, WORKING_SET_DTYPE, FEATURE_CACHE_BYTES)
 from .engines import DEFAULT_EXACT_MEMORY, WORKING_SET_SIZE
 from .operators import block_model
 
@@ -123,7 +123,8 @@ def estimate_fit_memory(n: int, d: int, T: int = 1, *, n_features: Optional[int]
                         gram_max: int = GRAM_MAX, solver: str = "dbcd_tr", newton_rank: Optional[int] = None,
                         newton_sketch_rows: Optional[int] = None, working_set_size: int = WORKING_SET_SIZE,
                         cache_columns: Optional[int] = None, loss=None, pass_itemsize: Optional[int] = None,
-                        device=None, resident: bool = True) -> MemoryEstimate:
+                        device=None, resident: bool = True,
+                        newton_cache: Optional[bool] = None) -> MemoryEstimate:
     """Estimate the memory a fit needs (see the module docstring for what is counted).
 
     Parameters
@@ -154,6 +155,9 @@ def estimate_fit_memory(n: int, d: int, T: int = 1, *, n_features: Optional[int]
         Feature Newton: the sketch's buffers differ on the CPU (an SVD) and on a GPU (default: CPU).
     resident : bool
         Feature Newton: a copy of the inputs stays on the device (``SolverOptions.newton_resident``).
+    newton_cache : bool, optional
+        Feature Newton: the Hessian products' features are kept (``SolverOptions.newton_cache``; default: when
+        ``n M p`` is at most :data:`~joker_ext.defaults.FEATURE_CACHE_BYTES`). :func:`plan_newton` plans without.
 
     Returns
     -------
@@ -176,8 +180,9 @@ def estimate_fit_memory(n: int, d: int, T: int = 1, *, n_features: Optional[int]
         the sketch and the passes never hold their buffers at once (the passes' workspaces are freed while
         the sketch is formed), so the total is ``per_row + model + max(sketch, passes + U)``::
 
-            per_row  = n (12 T + 1) s + n d p           (n-vectors; the inputs' copy when resident, else a
-                                                         span of STREAM_BYTES, at most n d p)
+            per_row  = n (12 T + 1) s + n d p [+ n M p]  (n-vectors; the inputs' copy when resident, else a
+                                                         span of STREAM_BYTES, at most n d p; the feature
+                                                         cache, newton_cache)
             passes   = r M s + max(r M s / 2, [r M s / c if p != s] + r M p / 2)   (the pass chunk of r s / p
                        rows and X W of a Hessian pass; the gradient pass's copy in the solver dtype, c =
                        CONVERT_SPLIT on the CPU, 1 on a GPU, and its X W)
@@ -211,7 +216,8 @@ def estimate_fit_memory(n: int, d: int, T: int = 1, *, n_features: Optional[int]
         gpu = device is not None and torch.device(device).type == "cuda"
         # the inputs' copy on the device: all of it when resident, else a span of whole chunks (STREAM_BYTES)
         span = n * d * p if resident else min(n * d * p, max(r * d * p, STREAM_BYTES))
-        per_row = n * (NEWTON_ROW_VECTORS * T + 1) * itemsize + span
+        cache = n * M * p if (newton_cache if newton_cache is not None else n * M * p <= FEATURE_CACHE_BYTES) else 0
+        per_row = n * (NEWTON_ROW_VECTORS * T + 1) * itemsize + span + cache
         # a pass: its feature chunk (r s / p rows of p bytes, kept between passes) and the product X W of its rows;
         # the gradient pass's chunk of r rows also has its copy in the solver dtype (a CONVERT_SPLIT-th of it at a
         # time on the CPU), freed at the pass's end
@@ -315,7 +321,8 @@ def plan_newton(max_memory: Union[int, str], n: int, d: int, T: int = 1, *, n_fe
     def estimate(k, r):
         return estimate_fit_memory(n, d, T, n_features=M, chunk_rows=r, itemsize=itemsize, solver="newton",
                                    newton_rank=k, newton_sketch_rows=min(int(sketch_rows), max(8 * k, 8192)),
-                                   pass_itemsize=pass_itemsize, device=device, resident=resident)
+                                   pass_itemsize=pass_itemsize, device=device, resident=resident,
+                                   newton_cache=False)
 
     while True:
         est = estimate(k, r)

@@ -229,7 +229,8 @@ def fit_dual(
                                            dtype=dtype, device=device, max_memory=max_memory,
                                            chunk_rows=op.chunk_rows, sketch_rows=opts.newton_sketch_rows)
         op.chunk_rows = rows
-        opts = replace(opts, newton_rank=rank, newton_resident=resident and opts.newton_resident is not False)
+        opts = replace(opts, newton_rank=rank, newton_resident=resident and opts.newton_resident is not False,
+                       newton_cache=bool(opts.newton_cache))  # (the plan does not count a feature cache)
         planned = {"newton_rank": rank, "chunk_rows": rows, "newton_resident": resident}
     while True:
         res = engine(op, Yd, loss, cd, opts, callback=callback, validation=validation, snapshot=snapshot,

@@ -72,7 +72,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .defaults import CONVERT_SPLIT, IN_PLACE_BLOCK, STREAM_BYTES
+from .defaults import CONVERT_SPLIT, FEATURE_CACHE_BYTES, IN_PLACE_BLOCK, STREAM_BYTES
 from .dense import cholesky_ex, cholesky_solve
 from .distributed import SingleProcess, local_positions
 from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag
@@ -409,7 +409,8 @@ class _Passes:
     features are computed in) when they fit :data:`RESIDENT_BYTES`.
     """
 
-    def __init__(self, operator, Y, loss: Loss, c_col, shards: SingleProcess, resident: Optional[bool] = None):
+    def __init__(self, operator, Y, loss: Loss, c_col, shards: SingleProcess, resident: Optional[bool] = None,
+                 cache: Optional[bool] = None):
         self.fmap, self.data = operator.feature_map, operator.data
         self.shards = shards
         self.Y, self.loss, self.c = Y, loss, c_col
@@ -431,6 +432,10 @@ class _Passes:
         self.X = None if resident is False else self._resident()
         self.passes = 0
         self._buffers = {}
+        if cache is None:
+            cache = self.n * self.M * torch.finfo(self.pass_dtype).bits // 8 <= FEATURE_CACHE_BYTES
+        self._cached = [] if cache else None  # the Hessian products' feature chunks, filled by the first one
+        self._cache_full = False
 
     def buffer(self, rows: int, dtype: torch.dtype) -> torch.Tensor:
         """A ``rows x M`` workspace reused by every chunk of every pass (a fresh allocation per chunk costs
@@ -534,10 +539,9 @@ class _Passes:
         plain = self.basis.kind == "generic" and not self.shards.distributed
         acc = V.clone() if plain else torch.zeros_like(V)
         PhiV = torch.empty(self.n, V.shape[1], dtype=V.dtype, device=V.device)
-        for k, (start, stop, Xc) in enumerate(self.chunks(self.rows)):
+        for k, (start, stop, G) in enumerate(self._product_features()):
             if abort is not None and k % POLL_EVERY == 0 and abort():
                 return None
-            G = self.basis.raw(Xc, out=self.buffer(stop - start, pd))
             U = G @ Vt
             PhiV[start:stop] = U
             if plain:
@@ -551,6 +555,23 @@ class _Passes:
             return acc, PhiV
         self.shards.sum_(acc)
         return V + self.basis.left(acc), PhiV
+
+    def _product_features(self):
+        """Yields ``(start, stop, G)`` over the chunks of a Hessian product: computed into the shared workspace, or
+        (``newton_cache``) kept from the first product, whose chunks are the same ones (the same numbers)."""
+        if self._cache_full:
+            yield from self._cached
+            return
+        pd = self.pass_dtype
+        fill = self._cached is not None
+        if fill:
+            self._cached = []  # (a product abandoned half-way left a partial list)
+        for start, stop, Xc in self.chunks(self.rows):
+            G = self.basis.raw(Xc, out=None if fill else self.buffer(stop - start, pd))
+            if fill:
+                self._cached.append((start, stop, G))
+            yield start, stop, G
+        self._cache_full = fill
 
     def sample_features(self, sample: torch.Tensor):
         """Yields ``(positions in sample, G of those rows)`` over the sampled rows, in the solver dtype."""
@@ -819,7 +840,7 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
     loss.check_targets(Y)
     M = operator.feature_map.n_features
     shards = shards or SingleProcess()
-    passes = _Passes(operator, Y, loss, c_col, shards, resident=opts.newton_resident)
+    passes = _Passes(operator, Y, loss, c_col, shards, resident=opts.newton_resident, cache=opts.newton_cache)
     basis = passes.basis
     if state0 is not None and "beta" in state0:
         beta = basis.to_internal(state0["beta"].to(dtype=dtype, device=device).clone())

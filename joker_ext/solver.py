@@ -120,6 +120,10 @@ class SolverOptions:
         Newton engine, feature mode: keep a copy of the training inputs on the solver's device for the passes
         (default: when it fits :data:`joker_ext.primal_newton.RESIDENT_BYTES`); False streams them from where
         they are at every pass (what :func:`joker_ext.memory.plan_newton` chooses first for a tight budget).
+    newton_cache : bool, optional
+        Newton engine, feature mode: keep the features of the Hessian products (``n x M`` in the pass dtype)
+        instead of computing them at every product (default: when they take at most
+        :data:`joker_ext.defaults.FEATURE_CACHE_BYTES`; off when a ``max_memory`` budget is planned).
     newton_cg_tol : float
         Newton engine, feature mode: the tightest relative residual asked of the inner conjugate gradients
         (the inexact-Newton tolerance is ``clip(sqrt(rel_gap), newton_cg_tol, 0.1)``).
@@ -150,6 +154,7 @@ class SolverOptions:
     newton_rank: Optional[int] = None
     newton_sketch_rows: Optional[int] = None
     newton_resident: Optional[bool] = None
+    newton_cache: Optional[bool] = None
     newton_cg_tol: float = 1e-10
 
 

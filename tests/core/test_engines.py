@@ -159,6 +159,27 @@ def test_feature_newton_budget_stop_inside_its_cg_run_returns_the_cg_iterate(max
     assert primal < 0.9 * 0.5 * C * float(np.sum(y ** 2))
 
 
+@pytest.mark.parametrize("loss", ["squared", "huber", "absolute"])
+def test_feature_newton_feature_cache_gives_the_recomputed_fit_to_the_bit(loss):
+    """``newton_cache`` keeps the Hessian products' feature chunks from the first product: the same chunks, the
+    same numbers, hence the same iterates as computing them at every product (and the same count of products)."""
+    from joker_ext.features import RandomFeatureMap
+
+    X, y = make_regression(n=900, seed=7)
+    fmap = RandomFeatureMap(GaussianKernel(1.0), 48, seed=3)
+    kw = {"delta": 0.3} if loss == "huber" else {}
+    fits = []
+    for cache in (False, True):
+        op = FeatureOperator(fmap, BlockData(torch.as_tensor(X), F64, torch.device("cpu")), chunk_rows=128)
+        fits.append(feature_newton(op, torch.as_tensor(y).reshape(-1, 1), get_loss(loss, **kw),
+                                   torch.full((900,), 10.0, dtype=F64),
+                                   SolverOptions(max_iter=100, tol=1e-10, newton_rank=8, newton_sketch_rows=300,
+                                                 newton_cache=cache)))
+    assert fits[0].status == fits[1].status == "converged"
+    assert torch.equal(fits[0].state["beta"], fits[1].state["beta"])
+    assert fits[0].history[-1]["passes"] == fits[1].history[-1]["passes"] > 5
+
+
 @pytest.mark.parametrize("n", [0, 1, 7, 64, 200])
 def test_row_block_sums_equal_the_whole_sums_empty_shards_included(n):
     from joker_ext.primal_newton import _row_sums

@@ -66,7 +66,8 @@ CHILD = textwrap.dedent(r'''
         op = ExactOperator(kernel, data, chunk_rows=spec["chunk_rows"]) if M is None else \
             FeatureOperator(fmap, data, chunk_rows=spec["chunk_rows"])
         opts = SolverOptions(block_size=spec["block_size"], max_iter=spec["max_iter"], tol=0.0, handle_sigint=False,
-                             newton_rank=spec.get("newton_rank"), newton_sketch_rows=spec.get("newton_sketch_rows"))
+                             newton_rank=spec.get("newton_rank"), newton_sketch_rows=spec.get("newton_sketch_rows"),
+                             newton_cache=spec.get("newton_cache"))
         return engine(op, Y[:rows], loss, c[:rows], opts, **spec.get("engine_kw", {}))
 
     def status(key):
@@ -181,7 +182,9 @@ def test_planned_newton_rank_and_chunks_keep_the_measured_peak_within_the_budget
                                       rank=rank, sketch_rows=rows, chunk_rows=spec["chunk_rows"], itemsize=8,
                                       device=device)
     assert est.total <= budget and (k < rank or r < spec["chunk_rows"])
-    peak = measure_peak(dict(spec, newton_rank=k, newton_sketch_rows=min(rows, max(8 * k, 8192)), chunk_rows=r))
+    # (a planned fit keeps no feature cache: fit_dual sets newton_cache=False with max_memory)
+    peak = measure_peak(dict(spec, newton_rank=k, newton_sketch_rows=min(rows, max(8 * k, 8192)), chunk_rows=r,
+                             newton_cache=False))
     assert peak <= budget, f"rank {k}, chunks {r}: measured {peak / 2**20:.1f} MB"
 
 
