@@ -1,7 +1,7 @@
 """Newton-PCG on the primal feature weights, for random (or Nystrom) features at large n.
 
 Problem, per target column, with ``Phi`` the n x M feature matrix (never formed: rows are computed chunk
-by chunk on every pass) and the loss smoothed by ``s`` (:mod:`joker_ext.smoothing`; ``s = 0`` for
+by chunk on every pass, unless the Hessian products' chunks are kept, ``SolverOptions.newton_cache``) and the loss smoothed by ``s`` (:mod:`joker_ext.smoothing`; ``s = 0`` for
 squared, Huber, squared hinge and logistic losses)::
 
     P_s(beta) = 1/2 ||beta||^2 + sum_i c_i l_s(y_i, phi(x_i)^T beta)
