@@ -796,9 +796,9 @@ def _prefer_best(best: _BestCertificate, last: dict, status: str, tol: float, dt
     """Whether the fit returns its best certificate instead of its last iterate: the best gap is smaller, and either
     it is at the rounding floor (the iterations went on below the floor, where the smoothed problems' dual points
     can only lose their certificate) or its primal objective is no larger (the model is as good). Far from the
-    optimum the relative gap is about 1 and says little: a budget stop inside the squared loss's single CG run
-    has a better model than the start at a gap of 1 + 1e-6 against the start's 1 + 1e-6 less, and returned the
-    start. A stop the user asked for (callback, interrupt) keeps the iterate it was asked at."""
+    optimum the relative gap is about 1 and says little: a budget stop inside the squared loss's single CG run has a
+    far better model than the start at a slightly larger relative gap (1 + 1e-5 against 1 + 1e-6), and returned
+    the start. A stop the user asked for (callback, interrupt) keeps the iterate it was asked at."""
     if best.rec is None or status in ("callback", "interrupted") or not best.rec["rel_gap"] < last["rel_gap"]:
         return False
     return at_rounding_floor(best.rec["rel_gap"], tol, dtype) or best.rec["primal"] <= last["primal"]
