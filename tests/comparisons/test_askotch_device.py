@@ -1,0 +1,22 @@
+"""The ASkotch per-iteration benchmark (``askotch_device``): its work count and a CPU smoke run."""
+import pytest
+
+from joker_ext.comparisons.benchmarks import askotch_device
+
+
+def test_iteration_flops_counts_the_terms_of_an_iteration():
+    # |b| = 200, r = 100, n = 20,000, d = 8, 10 power iterations, term by term
+    n, d, b, r = 20_000, 8, 200, 100
+    expected = 2 * b * n * (d + 1) + 2 * b * b * d + 2 * b * b * r + 6 * b * r * r + 10 * (2 * b * b + 8 * b * r)
+    assert askotch_device.iteration_flops(n, d, b, r, 10) == pytest.approx(expected, rel=1e-15)
+    # the kernel product with all n points dominates: linear in n
+    assert askotch_device.iteration_flops(2 * n, d, b, r) - askotch_device.iteration_flops(n, d, b, r) == \
+        pytest.approx(2 * b * n * (d + 1))
+
+
+def test_cpu_run_prints_time_work_and_rmse(capsys):
+    askotch_device.main(["--n-train", "2000", "--iters", "5"])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("cpu:")]
+    assert len(lines) == 2
+    assert all("ms per iteration (5 iterations, blocks of 20, rank 20)" in line and "test RMSE" in line
+               for line in lines)
