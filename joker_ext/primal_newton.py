@@ -40,6 +40,11 @@ O(n + M) computation; each report waits for the device), as Falkon's ``error_fn`
 Preconditioner: a randomized Nystrom approximation ``U diag(lam) U^T`` of rank ``r`` of ``Phi^T W Phi``
 (Frangella, Tropp and Udell, 2023), sketched on ``n_s`` sampled rows (scaled by ``n / n_s``), applied as
 ``P^{-1} v = U diag((lam_r + 1) / (lam + 1)) U^T v + (v - U U^T v)``. It is recomputed when ``W`` changes.
+Where the rank would cover all ``M`` features and the features are kept (``SolverOptions.newton_cache``), the
+Hessian ``I + Phi^T W Phi`` itself is formed from all rows in one pass (``2 n M^2`` flops, a matrix product) and
+factored (:class:`ExactHessian`): the conjugate gradients then take one step, and the kinked losses' smoothed
+problems, ill-conditioned as the smoothing shrinks, are solved by exact Newton steps. A ``newton_rank`` below
+``M`` keeps the sketch.
 
 With Nystrom features ``Phi = K(X, Z) R^{-1}`` the preconditioner is Falkon's instead
 (:class:`CentersPreconditioner`: ``I + (n / M) wbar R R^T``, full rank, one ``M x M`` factor), and
@@ -260,7 +265,38 @@ def _rows_in_place(A: torch.Tensor, fn) -> torch.Tensor:
     return A
 
 
-class CentersPreconditioner:
+class _FactoredPreconditioner:
+    """``P^{-1} v`` by the Cholesky factor ``L`` of an ``M x M`` matrix (none when the factorisation failed: then
+    the identity)."""
+
+    L: Optional[torch.Tensor] = None
+
+    def _factor(self, A: torch.Tensor) -> None:
+        L, info = cholesky_ex(A)
+        self.L = L if int(info) == 0 else None
+
+    def apply(self, v: torch.Tensor) -> torch.Tensor:
+        if self.L is None:
+            return v
+        return cholesky_solve(v.unsqueeze(1), self.L).squeeze(1)
+
+
+class ExactHessian(_FactoredPreconditioner):
+    """The Newton system's matrix itself, ``P = I + Phi^T W Phi = I + s^2 G^T W G`` (``Phi = G s``), formed from
+    all rows and factored: used where the preconditioner's rank would cover all ``M`` features and the features
+    are kept (:meth:`_Passes.exact_hessian`). Its conjugate gradients then take one step. Measured against the
+    rank-M sketch on a sample of rows (CPU, 2 threads, random features, C = 1): hinge n = 20,000, M = 256
+    21.8 s and 'max_iter' at a gap of 7e-11 -> 3.9 s, converged at 4e-14; absolute 24.9 s ('max_iter', 4.5e-6)
+    -> 5.7 s; epsilon-insensitive n = 50,000, M = 500, 116 s ('max_iter', 4e-7) -> 36 s; logistic 0.69 -> 0.49 s;
+    Huber 1.63 -> 1.75 s. Memory: two ``M x M`` matrices (no more than the rank-M sketch's buffers)."""
+
+    def __init__(self, gram: torch.Tensor, scale: float):
+        A = gram.mul_(scale * scale)
+        A.diagonal().add_(1.0)
+        self._factor(A)
+
+
+class CentersPreconditioner(_FactoredPreconditioner):
     """Falkon's preconditioner in the Nystrom basis ``Phi = K(X, Z) R^{-1}``: with centres drawn from the
     data, ``K_XZ^T W K_XZ ~ (n / M) wbar K_ZZ^2``, so ``Phi^T W Phi ~ (n / M) wbar R R^T`` and
     ``P = I + (n / M) wbar R R^T`` (``wbar`` the mean curvature) is factored once: full rank, where a
@@ -272,14 +308,7 @@ class CentersPreconditioner:
         A = torch.mm(R, R.mT)
         A.mul_(n / M * wbar)
         A.diagonal().add_(1.0)
-        L, info = cholesky_ex(A)
-        del A
-        self.L = L if int(info) == 0 else None
-
-    def apply(self, v: torch.Tensor) -> torch.Tensor:
-        if self.L is None:
-            return v
-        return cholesky_solve(v.unsqueeze(1), self.L).squeeze(1)
+        self._factor(A)
 
 
 class _Basis:
@@ -572,6 +601,23 @@ class _Passes:
                 self._cached.append((start, stop, G))
             yield start, stop, G
         self._cache_full = fill
+
+    @property
+    def keeps_features(self) -> bool:
+        """Whether the Hessian products' features are kept (``newton_cache``) for a random or generic map: then
+        one pass forms :class:`ExactHessian`."""
+        return self._cached is not None and self.basis.kind in ("random", "generic")
+
+    def exact_hessian(self, W: torch.Tensor, t: int) -> ExactHessian:
+        """:class:`ExactHessian` for column ``t`` of the curvatures ``W`` (one pass over the kept features,
+        ``G^T W G`` summed in the solver dtype over the chunks and the processes)."""
+        gram = torch.zeros(self.M, self.M, dtype=self.dtype, device=self.device)
+        for start, stop, G in self._product_features():
+            Gd = G.to(self.dtype)
+            gram.addmm_(Gd.T, Gd * W[start:stop, t:t + 1])
+        self.passes += 1
+        self.shards.sum_(gram)
+        return ExactHessian(gram, self.basis.scale if self.basis.kind == "random" else 1.0)
 
     def sample_features(self, sample: torch.Tensor):
         """Yields ``(positions in sample, G of those rows)`` over the sampled rows, in the solver dtype."""
@@ -868,6 +914,8 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
     # the float64 gradient of the next Newton iteration refines the step instead
     cg_floor = max(opts.newton_cg_tol, LOW_PRECISION_CG_TOL if passes.low else 0.0)
     n_all = passes.n_total
+    # a rank covering all M features and kept features: the Hessian itself (every process alike)
+    exact = rank >= M and not shards.any(not passes.keeps_features)
     n_s = min(n_all, opts.newton_sketch_rows or default_sketch_rows(n_all, rank))
     # the global sample; this process sketches on the sampled rows it holds
     sample = local_positions(torch.sort(torch.randperm(n_all, generator=gen)[:n_s]).values, shards.offset, n)
@@ -910,10 +958,11 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
                 if reason is not None or it >= opts.max_iter:
                     status = reason or "max_iter"
                     break
-                w_sample = g["W"][sample]
+                w_sample = g["W"] if exact else g["W"][sample]
                 if shards.any(precond is None or not torch.equal(w_sample, precond_w)):
                     precond = None  # free the old factor first
-                    precond = [passes.preconditioner(sample, w_sample[:, t], n_s, rank, gen_sketch) for t in range(T)]
+                    precond = [passes.exact_hessian(w_sample, t) if exact else
+                               passes.preconditioner(sample, w_sample[:, t], n_s, rank, gen_sketch) for t in range(T)]
                     precond_w = w_sample
                 if quadratic:
                     # the gap test decides; no float32 floor (a recurrence that drifts is caught by the
