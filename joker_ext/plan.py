@@ -28,7 +28,7 @@ import torch
 
 from .defaults import BLOCK_SIZE, CHUNK_ROWS, default_block_size, default_max_iter, precision_tol
 from .engines import default_max_iter as engine_max_iter
-from .engines import needs_smoothing_loss, resolve_solver, supports_intercept
+from .engines import resolve_solver, supports_intercept
 from .features import FeatureMap, NystromFeatureMap, feature_mode_options, make_feature_map
 from .kernels import Kernel
 from .losses import Loss
@@ -254,12 +254,11 @@ class FitPlan:
 
 def _resolve_engine(solver: str, mode: str, n: int, dtype: torch.dtype, loss: Loss, budget: Optional[int],
                     intercept: bool, distributed: bool) -> str:
-    """The engine ``solver`` stands for (:func:`joker_ext.engines.resolve_solver`), with one rule of the plan's:
-    an intercept with random features and a kinked loss keeps DBCD-TR under 'auto' (with the Newton engine the
-    epsilon-insensitive intercept moved 4e-6 between weighted and repeated data, failing scikit-learn's
-    sample-weight equivalence: the intercept of a kinked loss is not unique)."""
-    if solver == "auto" and mode == "features" and intercept and not distributed and needs_smoothing_loss(loss):
-        return "dbcd_tr"
+    """The engine ``solver`` stands for (:func:`joker_ext.engines.resolve_solver`). An intercept with random
+    features and a kinked loss used to keep DBCD-TR under 'auto' (the Newton engine's epsilon-insensitive intercept
+    moved 4e-6 between weighted and repeated data in scikit-learn's sample-weight check); since the Newton engine
+    takes the exact Hessian at small M it passes that check, and DBCD-TR crawled there: hinge, n = 20,000,
+    M = 256, C = 1, with intercept: 90.6 s and 'max_iter' at a gap of 5.5e-4, against 28.1 s converged at 8e-12."""
     return resolve_solver(solver, mode, n, torch.finfo(dtype).bits // 8, loss, budget, distributed=distributed)
 
 
