@@ -31,12 +31,12 @@ from typing import Optional, Union
 
 import torch
 
-from .defaults import (CAUCHY_CANDIDATES, CHUNK_ROWS, CONVERT_SPLIT, DIRECT_MAX, FILL_ELEMENTS, GRAM_MAX,
-                       IN_PLACE_BLOCK, SEARCH_CANDIDATES, STREAM_BYTES, WORKING_SET_DTYPE, FEATURE_CACHE_BYTES)
+from .defaults import (CAUCHY_CANDIDATES, CHUNK_ROWS, CONVERT_SPLIT, DIRECT_MAX, FEATURE_CACHE_BYTES, FILL_ELEMENTS,
+                       GRAM_MAX, IN_PLACE_BLOCK, SEARCH_CANDIDATES, STREAM_BYTES, WORKING_SET_DTYPE)
 from .engines import DEFAULT_EXACT_MEMORY, WORKING_SET_SIZE
 from .operators import block_model
 
-__all__ = ["MemoryEstimate", "estimate_fit_memory", "plan_blocks", "plan_newton", "parse_memory",
+__all__ = ["MemoryEstimate", "estimate_fit_memory", "keeps_features", "plan_blocks", "plan_newton", "parse_memory",
            "is_out_of_memory"]
 
 _UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "m": 1024**2, "mb": 1024**2, "g": 1024**3, "gb": 1024**3,
@@ -216,7 +216,7 @@ def estimate_fit_memory(n: int, d: int, T: int = 1, *, n_features: Optional[int]
         gpu = device is not None and torch.device(device).type == "cuda"
         # the inputs' copy on the device: all of it when resident, else a span of whole chunks (STREAM_BYTES)
         span = n * d * p if resident else min(n * d * p, max(r * d * p, STREAM_BYTES))
-        cache = n * M * p if (newton_cache if newton_cache is not None else n * M * p <= FEATURE_CACHE_BYTES) else 0
+        cache = n * M * p if (keeps_features(n, M, p) if newton_cache is None else newton_cache) else 0
         per_row = n * (NEWTON_ROW_VECTORS * T + 1) * itemsize + span + cache
         # a pass: its feature chunk (r s / p rows of p bytes, kept between passes) and the product X W of its rows;
         # the gradient pass's chunk of r rows also has its copy in the solver dtype (a CONVERT_SPLIT-th of it at a
@@ -297,6 +297,12 @@ SOFT_NEWTON_RANK = 256
 MIN_NEWTON_RANK = 64
 #: Its smallest planned chunk (rows of a pass): below it a pass is launch-bound on a GPU.
 MIN_NEWTON_CHUNK = 64
+
+
+def keeps_features(n: int, n_features: int, pass_itemsize: int) -> bool:
+    """The feature Newton engine's default ``newton_cache``: whether its Hessian products' features, ``n x M`` in
+    the pass dtype, take at most :data:`~joker_ext.defaults.FEATURE_CACHE_BYTES`."""
+    return n * n_features * pass_itemsize <= FEATURE_CACHE_BYTES
 
 
 def plan_newton(max_memory: Union[int, str], n: int, d: int, T: int = 1, *, n_features: int, rank: int,

@@ -1,8 +1,9 @@
 """Newton-PCG on the primal feature weights, for random (or Nystrom) features at large n.
 
 Problem, per target column, with ``Phi`` the n x M feature matrix (never formed: rows are computed chunk
-by chunk on every pass, unless the Hessian products' chunks are kept, ``SolverOptions.newton_cache``) and the loss smoothed by ``s`` (:mod:`joker_ext.smoothing`; ``s = 0`` for
-squared, Huber, squared hinge and logistic losses)::
+by chunk on every pass, unless the Hessian products' chunks are kept, ``SolverOptions.newton_cache``) and the
+loss smoothed by ``s`` (:mod:`joker_ext.smoothing`; ``s = 0`` for squared, Huber, squared hinge and logistic
+losses)::
 
     P_s(beta) = 1/2 ||beta||^2 + sum_i c_i l_s(y_i, phi(x_i)^T beta)
     grad      = beta - Phi^T a*,          Hess = I + Phi^T W Phi
@@ -77,13 +78,13 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .defaults import CONVERT_SPLIT, FEATURE_CACHE_BYTES, IN_PLACE_BLOCK, STREAM_BYTES
+from .defaults import CONVERT_SPLIT, IN_PLACE_BLOCK, STREAM_BYTES
 from .dense import cholesky_ex, cholesky_solve
 from .distributed import SingleProcess, local_positions
 from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag
 from .features import NystromFeatureMap, RandomFeatureMap
 from .losses import Loss
-from .memory import is_out_of_memory, plan_newton
+from .memory import is_out_of_memory, keeps_features, plan_newton
 from .smoothing import Continuation, needs_smoothing
 from .solver import SolverOptions, SolverResult
 
@@ -462,7 +463,7 @@ class _Passes:
         self.passes = 0
         self._buffers = {}
         if cache is None:
-            cache = self.n * self.M * torch.finfo(self.pass_dtype).bits // 8 <= FEATURE_CACHE_BYTES
+            cache = keeps_features(self.n, self.M, torch.finfo(self.pass_dtype).bits // 8)
         self._cached = [] if cache else None  # the Hessian products' feature chunks, filled by the first one
         self._cache_full = False
 
@@ -480,10 +481,7 @@ class _Passes:
             return None
         if data.n * data.d * torch.finfo(dt).bits // 8 > RESIDENT_BYTES:
             return None
-        src = data.source
-        if not torch.is_tensor(src):
-            src = torch.from_numpy(src[:] if hasattr(src, "filename") else src)
-        return src.to(device=self.device, dtype=dt)
+        return self._span(0, data.n)
 
     def chunks(self, rows: int):
         """Yields ``(start, stop, Xc)`` over the rows in chunks of ``rows``, ``Xc`` on the device in the input

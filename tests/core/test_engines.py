@@ -242,7 +242,8 @@ def test_feature_newton_streamed_inputs_give_the_resident_fit(monkeypatch, sourc
         fits = []
         for resident in (True, False):
             op = FeatureOperator(fmap, BlockData(Xs, F64, torch.device("cpu")), chunk_rows=chunk)
-            fits.append(feature_newton(op, torch.as_tensor(y).reshape(-1, 1), loss, torch.full((1000,), 10.0, dtype=F64),
+            fits.append(feature_newton(op, torch.as_tensor(y).reshape(-1, 1), loss,
+                                       torch.full((1000,), 10.0, dtype=F64),
                                        SolverOptions(max_iter=30, tol=1e-10, newton_rank=8, newton_sketch_rows=200,
                                                      newton_resident=resident)))
         assert fits[0].status == fits[1].status == "converged"
