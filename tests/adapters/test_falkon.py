@@ -221,9 +221,9 @@ def test_exact_mode_linear_kernel_is_ridge_regression(fk, fopt):
 
 @pytest.mark.parametrize("solver", ["auto", "dbcd_tr"])
 def test_logistic_nystrom_equals_logistic_falkon(fk, fopt, solver):
-    """LogisticFalkon's (1/n) sum l + (lam/2)||f||^2 <-> C = 1/(n lam), same centres, both converged; by
-    the Newton engine ('auto' for the logistic loss: iter_list counts Newton iterations) and by DBCD-TR
-    (iter_list counts epochs)."""
+    """LogisticFalkon's (1/n) sum l + (lam/2)||f||^2 <-> C = 1/(n lam), same centres, same arguments, both
+    converged along the path (six stages at the last penalty); by the Newton engine ('auto' for the logistic
+    loss: one Newton step per stage, as LogisticFalkon) and by DBCD-TR (iter_list counts epochs)."""
     import dataclasses
 
     X, Y = _toy(500, d=3, seed=12)
@@ -233,7 +233,7 @@ def test_logistic_nystrom_equals_logistic_falkon(fk, fopt, solver):
     kern = fk.kernels.GaussianKernel(1.0, opt=opt)
     pl, il = [1e-2, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3], [10, 10, 30, 30, 30, 30, 30]
     f = fk.LogisticFalkon(kern, pl, il, fk.gsc_losses.LogisticLoss(kern, opt=opt), 50, seed=4, options=opt).fit(X, Y)
-    j = JokerLogisticFalkon(kern, [1e-2, 1e-3], [5, 60], fk.gsc_losses.LogisticLoss(kern), 50, seed=4, options=opt,
+    j = JokerLogisticFalkon(kern, pl, il, fk.gsc_losses.LogisticLoss(kern), 50, seed=4, options=opt,
                             features="nystrom", block_size=500, solver=solver).fit(X, Y)
     assert j.solver_ == ("newton" if solver == "auto" else "dbcd_tr")
     assert torch.equal(j.ny_points_, f.ny_points_)
@@ -241,23 +241,35 @@ def test_logistic_nystrom_equals_logistic_falkon(fk, fopt, solver):
 
 
 def test_logistic_newton_stages_continue_from_the_previous_stage(fk, fopt):
-    """Newton engine on a penalty path: a stage at an unchanged penalty starts at the previous stage's
-    solution (converged: no iteration left), and a stage at a new penalty starts closer than a cold
-    fit does (fewer Newton iterations to the same tolerance). iter_list bounds the Newton iterations."""
+    """Newton engine on a penalty path: one Newton step per stage (LogisticFalkon's outer iteration), each stage
+    starting at the previous stage's solution. Along a path that repeats the last penalty the objective falls at
+    every stage until the relative duality gap certifies ``tol``; started from a larger penalty the path gets there
+    in fewer stages than one that starts cold, and both end at the same model."""
     X, Y = _toy(800, d=3, seed=21)
     Y = torch.where(Y > 0.6, 1.0, -1.0).to(X.dtype)
     kern = fk.kernels.GaussianKernel(1.0, opt=fopt)
     loss = fk.gsc_losses.LogisticLoss(kern)
     kw = dict(seed=2, options=fopt, tol=1e-10)
+
+    def stages_to_converge(head, features):
+        objectives = []
+        for k in range(1, 40):
+            m = JokerLogisticFalkon(kern, head + [1e-4] * k, [3] * (len(head) + k), loss, 100, features=features,
+                                    **kw).fit(X, Y)
+            assert m.solver_ == "newton" and m.n_iter_ <= 1
+            objectives.append(m.result_.primal)
+            if m.converged_:
+                assert all(b <= a * (1 + 1e-12) for a, b in zip(objectives, objectives[1:])), objectives
+                return k, m
+        raise AssertionError(f"no convergence in 40 stages: {objectives}")
+
     for features in ("nystrom", "cossin"):
-        path = JokerLogisticFalkon(kern, [1e-3, 1e-4, 1e-4], [50, 50, 50], loss, 100, features=features, **kw).fit(X, Y)
-        assert path.solver_ == "newton" and path.converged_ and path.n_iter_ == 0
-        warm = JokerLogisticFalkon(kern, [1e-3, 1e-4], [50, 50], loss, 100, features=features, **kw).fit(X, Y)
-        cold = JokerLogisticFalkon(kern, [1e-4], [50], loss, 100, features=features, **kw).fit(X, Y)
-        assert warm.converged_ and cold.converged_ and 1 <= warm.n_iter_ < cold.n_iter_, (warm.n_iter_, cold.n_iter_)
+        k_warm, warm = stages_to_converge([1e-3], features)
+        k_cold, cold = stages_to_converge([], features)
+        assert k_warm < k_cold, (k_warm, k_cold)
         assert _rel(warm.predict(X), cold.predict(X)) < 1e-4
         short = JokerLogisticFalkon(kern, [1e-4], [2], loss, 100, features=features, **kw).fit(X, Y)
-        assert short.n_iter_ == 2 and short.status_ == "max_iter"
+        assert short.n_iter_ == 1 and short.status_ == "max_iter"
     # a loss with a kink goes to the Newton engine too under 'auto' (centred smoothing)
     hinge = JokerLogisticFalkon(kern, [1e-3], [2], "hinge", 50, seed=2, options=fopt).fit(X, Y)
     assert hinge.solver_ == "newton"
@@ -272,8 +284,8 @@ def test_weighted_cross_entropy_equals_logistic_falkon(fk, fopt):
     kern = fk.kernels.GaussianKernel(1.0, opt=opt)
     wce = fk.gsc_losses.WeightedCrossEntropyLoss(kern, neg_weight=2.5, opt=opt)
     f = fk.LogisticFalkon(kern, [1e-2] + [1e-3] * 6, [10] + [30] * 6, wce, 40, seed=1, options=opt).fit(X, Y01)
-    j = JokerLogisticFalkon(kern, [1e-2, 1e-3], [5, 60], wce, 40, seed=1, options=opt, features="nystrom",
-                            block_size=400).fit(X, Y01)
+    j = JokerLogisticFalkon(kern, [1e-2] + [1e-3] * 6, [10] + [30] * 6, wce, 40, seed=1, options=opt,
+                            features="nystrom", block_size=400).fit(X, Y01)
     assert _rel(j.predict(X), f.predict(X)) < 1e-5
 
 
