@@ -6,7 +6,8 @@ so ``lam = n * 1e-5``; ASkotch's defaults: blocks of ``n / 100`` rows, rank 100,
 milliseconds per iteration, the test RMSE and the floating-point work of an iteration as the paper counts it
 (the ``|b| x n`` kernel product, the ``|b| x |b|`` block and its rank-``r`` sketch, the power iterations) with the
 rate it achieves. ``--profile`` adds torch.profiler's tables (self device time and self CPU time) for the
-iterations of one more run.
+iterations of one more run; ``--count-ops`` counts the tensor operations of an iteration (each one kernel launch or
+more on a GPU, so the launch count can be followed on a CPU too) and lists the most frequent.
 
 Run (H100 numbers: ``comparisons/benchmarks/results/falkon_gpu_h100_s18.md``)::
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections import Counter
 
 import numpy as np
 import torch
@@ -51,12 +53,31 @@ def run(X, y, lam: float, device: torch.device, iters: int) -> tuple:
     return time.perf_counter() - t, model
 
 
+def count_ops(X, y, lam: float, device: torch.device, iters: int = 20) -> Counter:
+    """Tensor operations per iteration of ASkotch, by ATen operator (``__torch_dispatch__`` sees each one)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    with _Count() as counter:
+        run(X, y, lam, device, iters)
+    return Counter({k: v / iters for k, v in counter.seen.items()})
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--n-train", type=int, default=20_000)
     ap.add_argument("--iters", type=int, default=400)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--count-ops", action="store_true")
     a = ap.parse_args(argv)
     device = torch.device(a.device)
     ds, rmse = flights_split(a.n_train, 2000, seed=0)
@@ -73,6 +94,10 @@ def main(argv=None) -> None:
         print(f"{device.type}: {1e3 * per:.2f} ms per iteration ({model.n_iter_} iterations, blocks of "
               f"{model.block_size_}, rank {model.rank_}); {flops / 1e9:.3f} GFLOP per iteration, "
               f"{flops / per / 1e9:.1f} GFLOP/s; test RMSE {rmse(np.asarray(pred)):.4f}", flush=True)
+    if a.count_ops:
+        ops = count_ops(X, y, lam, device)
+        print(f"{sum(ops.values()):.1f} tensor operations per iteration; most frequent: "
+              + ", ".join(f"{k} {v:.1f}" for k, v in ops.most_common(8)), flush=True)
     if a.profile:
         from torch.profiler import ProfilerActivity, profile
 

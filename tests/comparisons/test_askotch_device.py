@@ -1,5 +1,6 @@
 """The ASkotch per-iteration benchmark (``askotch_device``): its work count and a CPU smoke run."""
 import pytest
+import torch
 
 from joker_ext.comparisons.benchmarks import askotch_device
 
@@ -20,3 +21,16 @@ def test_cpu_run_prints_time_work_and_rmse(capsys):
     assert len(lines) == 2
     assert all("ms per iteration (5 iterations, blocks of 20, rank 20)" in line and "test RMSE" in line
                for line in lines)
+
+
+def test_count_ops_sees_the_power_iterations_as_three_products_each(capsys):
+    """Each of the step size's 10 power iterations is ``S (H (S v))`` with ``S = (P + rho I)^{-1/2}`` formed once:
+    three matrix products (two Woodbury applications of ``P^{-1/2}`` per iteration made it about 28 operations, 448
+    per ASkotch iteration in all, 79 of them ``mm``)."""
+    askotch_device.main(["--n-train", "2000", "--iters", "2", "--count-ops"])
+    line = next(x for x in capsys.readouterr().out.splitlines() if "tensor operations per iteration" in x)
+    assert 100 < float(line.split()[0]) < 300, line
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(1000, 4, generator=g, dtype=torch.float64), torch.randn(1000, generator=g, dtype=torch.float64)
+    ops = askotch_device.count_ops(X, y, 1e-2, torch.device("cpu"), iters=3)
+    assert 3 * 10 <= ops["mm"] <= 3 * 10 + 12, ops
