@@ -143,8 +143,11 @@ def test_logistic_falkon_plans_each_stage_with_its_penalty(data):
     X, y = data
     Y = torch.as_tensor(np.where(y > 0, 1.0, -1.0))
     m = JokerLogisticFalkon(_kernel(), [1e-2, 1e-3], [2, 2], "logistic", 16, seed=0).fit(torch.as_tensor(X), Y)
-    assert m.fit_plan_.C == pytest.approx(1.0 / (N * 1e-3)) and m.fit_plan_.solver == m.solver_
-    assert m.fit_plan_.options.max_iter == 2  # Newton iterations of the last stage
+    assert m.fit_plan_.C == pytest.approx(1.0 / (N * 1e-3)) and m.fit_plan_.solver == m.solver_ == "newton"
+    assert m.fit_plan_.options.max_iter == 1  # one Newton step per stage, as LogisticFalkon
+    searched = JokerLogisticFalkon(_kernel(), [1e-2, 1e-3], [2, 3], "logistic", 16, seed=0,
+                                   fit_intercept=True).fit(torch.as_tensor(X), Y)
+    assert searched.fit_plan_.options.max_iter == 3  # the intercept search's Newton iterations of the last stage
 
 
 # ---------------------------------------------------------------------------- policies
