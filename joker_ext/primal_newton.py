@@ -41,11 +41,12 @@ O(n + M) computation; each report waits for the device), as Falkon's ``error_fn`
 Preconditioner: a randomized Nystrom approximation ``U diag(lam) U^T`` of rank ``r`` of ``Phi^T W Phi``
 (Frangella, Tropp and Udell, 2023), sketched on ``n_s`` sampled rows (scaled by ``n / n_s``), applied as
 ``P^{-1} v = U diag((lam_r + 1) / (lam + 1)) U^T v + (v - U U^T v)``. It is recomputed when ``W`` changes.
-Where the rank would cover all ``M`` features and the features are kept (``SolverOptions.newton_cache``), the
-Hessian ``I + Phi^T W Phi`` itself is formed from all rows in one pass (``2 n M^2`` flops, a matrix product) and
-factored (:class:`ExactHessian`): the conjugate gradients then take one step, and the kinked losses' smoothed
-problems, ill-conditioned as the smoothing shrinks, are solved by exact Newton steps. A ``newton_rank`` below
-``M`` keeps the sketch.
+Where the features are kept (``SolverOptions.newton_cache``) and the rank would cover all ``M`` features, or no
+``newton_rank`` is given and ``M <=`` :data:`~joker_ext.defaults.EXACT_HESSIAN_MAX_FEATURES`, the Hessian
+``I + Phi^T W Phi`` itself is formed from all rows in one pass (``2 n M^2`` flops, a matrix product) and factored
+(:class:`ExactHessian`): the conjugate gradients then take one step, and the kinked losses' smoothed problems,
+ill-conditioned as the smoothing shrinks, are solved by exact Newton steps. A ``newton_rank`` below ``M`` keeps
+the sketch.
 
 With Nystrom features ``Phi = K(X, Z) R^{-1}`` the preconditioner is Falkon's instead
 (:class:`CentersPreconditioner`: ``I + (n / M) wbar R R^T``, full rank, one ``M x M`` factor), and
@@ -78,7 +79,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .defaults import CONVERT_SPLIT, IN_PLACE_BLOCK, STREAM_BYTES
+from .defaults import CONVERT_SPLIT, EXACT_HESSIAN_MAX_FEATURES, IN_PLACE_BLOCK, STREAM_BYTES
 from .dense import cholesky_ex, cholesky_solve
 from .distributed import SingleProcess, local_positions
 from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag
@@ -284,12 +285,14 @@ class _FactoredPreconditioner:
 
 class ExactHessian(_FactoredPreconditioner):
     """The Newton system's matrix itself, ``P = I + Phi^T W Phi = I + s^2 G^T W G`` (``Phi = G s``), formed from
-    all rows and factored: used where the preconditioner's rank would cover all ``M`` features and the features
-    are kept (:meth:`_Passes.exact_hessian`). Its conjugate gradients then take one step. Measured against the
+    all rows and factored: used where the features are kept and the preconditioner's rank would cover all ``M``
+    features, or no rank is given and ``M <=`` :data:`~joker_ext.defaults.EXACT_HESSIAN_MAX_FEATURES`
+    (:meth:`_Passes.exact_hessian`). Its conjugate gradients then take one step. Measured against the
     rank-M sketch on a sample of rows (CPU, 2 threads, random features, C = 1): hinge n = 20,000, M = 256
     21.8 s and 'max_iter' at a gap of 7e-11 -> 3.9 s, converged at 4e-14; absolute 24.9 s ('max_iter', 4.5e-6)
     -> 5.7 s; epsilon-insensitive n = 50,000, M = 500, 116 s ('max_iter', 4e-7) -> 36 s; logistic 0.69 -> 0.49 s;
-    Huber 1.63 -> 1.75 s. Memory: two ``M x M`` matrices (no more than the rank-M sketch's buffers)."""
+    Huber 1.63 -> 1.75 s. Memory: two ``M x M`` matrices, no more than the sketch's buffers at its default rank
+    (``SKETCH_BUFFERS M r`` with ``r >= M / 2`` up to that many features)."""
 
     def __init__(self, gram: torch.Tensor, scale: float):
         A = gram.mul_(scale * scale)
@@ -912,8 +915,10 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
     # the float64 gradient of the next Newton iteration refines the step instead
     cg_floor = max(opts.newton_cg_tol, LOW_PRECISION_CG_TOL if passes.low else 0.0)
     n_all = passes.n_total
-    # a rank covering all M features and kept features: the Hessian itself (every process alike)
-    exact = rank >= M and not shards.any(not passes.keeps_features)
+    # kept features and a rank covering all M features, or no rank asked for and at most
+    # EXACT_HESSIAN_MAX_FEATURES: the Hessian itself (every process alike)
+    exact = (rank >= M or (opts.newton_rank is None and M <= EXACT_HESSIAN_MAX_FEATURES)) \
+        and not shards.any(not passes.keeps_features)
     n_s = min(n_all, opts.newton_sketch_rows or default_sketch_rows(n_all, rank))
     # the global sample; this process sketches on the sampled rows it holds
     sample = local_positions(torch.sort(torch.randperm(n_all, generator=gen)[:n_s]).values, shards.offset, n)

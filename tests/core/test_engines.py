@@ -181,13 +181,17 @@ def test_feature_newton_feature_cache_gives_the_recomputed_fit_to_the_bit(loss):
 
 
 @pytest.mark.parametrize("loss", ["hinge", "absolute"])
-def test_feature_newton_exact_hessian_takes_one_cg_step_per_newton_step_to_cvxpys_optimum(loss):
-    """Kept features and a rank covering all M features: the Newton systems take the Hessian itself
-    (:class:`ExactHessian`, formed in one pass), so every Newton step is one gradient pass, one pass forming the
-    matrix and one CG product (two when the preconditioned residual rounds off). Against the rank-8 sketch on a
-    sample of rows and against cvxpy on the same features."""
+def test_feature_newton_exact_hessian_takes_one_cg_step_per_newton_step_to_cvxpys_optimum(loss, monkeypatch):
+    """Kept features and a rank covering all M features, or no rank given and M <= EXACT_HESSIAN_MAX_FEATURES (here
+    with a default rank of 8, below M): the Newton systems take the Hessian itself (:class:`ExactHessian`, formed in
+    one pass), so every Newton step is one gradient pass, one pass forming the matrix and one CG product (two when
+    the preconditioned residual rounds off). Against the rank-8 sketch on a sample of rows and against cvxpy on the
+    same features."""
     cp = pytest.importorskip("cvxpy")
+    import joker_ext.primal_newton as pn
     from joker_ext.features import RandomFeatureMap
+
+    monkeypatch.setattr(pn, "default_rank", lambda n_features, device=None: min(n_features, 8))
 
     X, y = make_regression(n=600, seed=8)
     if loss == "hinge":
@@ -195,7 +199,7 @@ def test_feature_newton_exact_hessian_takes_one_cg_step_per_newton_step_to_cvxpy
     M, C = 40, 10.0
     fmap = RandomFeatureMap(GaussianKernel(1.0), M, seed=4)
     fits = {}
-    for rank in (M, 8):
+    for rank in (M, None, 8):
         op = FeatureOperator(fmap, BlockData(torch.as_tensor(X), F64, torch.device("cpu")), chunk_rows=128)
         fits[rank] = feature_newton(op, torch.as_tensor(y).reshape(-1, 1), get_loss(loss),
                                     torch.full((600,), C, dtype=F64),
@@ -209,9 +213,10 @@ def test_feature_newton_exact_hessian_takes_one_cg_step_per_newton_step_to_cvxpy
     prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-11, tol_gap_rel=1e-11, tol_feas=1e-11)
     for res in fits.values():
         assert res.primal == pytest.approx(prob.value, rel=1e-8)
-    exact, sketch = fits[M], fits[8]
-    passes_per_step = exact.history[-1]["passes"] / exact.n_iter
-    assert passes_per_step <= 4.0 < sketch.history[-1]["passes"] / sketch.n_iter
+    sketch = fits[8]
+    for exact in (fits[M], fits[None]):
+        passes_per_step = exact.history[-1]["passes"] / exact.n_iter
+        assert passes_per_step <= 4.0 < sketch.history[-1]["passes"] / sketch.n_iter
 
 
 @pytest.mark.parametrize("n", [0, 1, 7, 64, 200])
