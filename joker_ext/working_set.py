@@ -300,9 +300,10 @@ def _round_at_floor(sub: _Column, a, f, b: float, scale: float, shrink: Optional
 
 
 def _interior_point(sub: _Column, K_BB, scale: float):
-    """The subproblem's exact solution ``(a_B, b)`` by :func:`~joker_ext.interior_point.solve_box_qp` (no proximal
-    term), snapped to its active sets by :func:`_round_at_floor`, or finished by the quick steps from its iterate at
-    ``PROBE_TOL``; None when both fail (the caller then takes proximal rounds)."""
+    """``(a_B, b, exact)``: the subproblem's exact solution by :func:`~joker_ext.interior_point.solve_box_qp` (no
+    proximal term), snapped to its active sets by :func:`_round_at_floor`, or finished by the quick steps from its
+    iterate at ``PROBE_TOL`` (``exact`` True); where the snap fails, the converged interior iterate itself (``exact``
+    False: the caller's proximal rounds start from it); None when the interior point did not converge."""
     Q = K_BB.clone()
     Q.diagonal().add_(sub.h)
     snapped = []
@@ -317,10 +318,11 @@ def _interior_point(sub: _Column, K_BB, scale: float):
                                       tol=INTERIOR_POINT_TOL, probe=probe, probe_tol=PROBE_TOL)
     del Q
     if snapped:
-        return snapped[0]
+        return snapped[0] + (True,)
     if not converged:
         return None
-    return _round_at_floor(sub, a, K_BB @ a, b, scale)
+    out = _round_at_floor(sub, a, K_BB @ a, b, scale)
+    return (a, b, False) if out is None else out + (True,)
 
 
 def _subproblem(col: _Column, K_BB, B, a, f, b: float, sigma: float, floor: float, factor: FreeFactor,
@@ -342,10 +344,16 @@ def _subproblem(col: _Column, K_BB, B, a, f, b: float, sigma: float, floor: floa
         # near the solution the sets change little from one subproblem to the next: a few active-set steps from
         # the current sets (one factor update each) solve it, else the interior point does
         first = max(FIRST_FREE, int(QUICK_FIRST * free))
-        exact_solution = _round_at_floor(sub, aB, fB, b, col.scale, QUICK_SHRINK, first) \
-            or _interior_point(sub, K_BB, col.scale)
-        if exact_solution is not None:
-            return exact_solution[0], exact_solution[1], sigma, floor, True
+        quick = _round_at_floor(sub, aB, fB, b, col.scale, QUICK_SHRINK, first)
+        if quick is not None:
+            return quick[0], quick[1], sigma, floor, True
+        solved = _interior_point(sub, K_BB, col.scale)
+        if solved is not None and solved[2]:
+            return solved[0], solved[1], sigma, floor, True
+        if solved is not None:
+            # its active sets would not snap (degenerate coordinates): the rounds start from its solution
+            aB, b = solved[0], solved[1]
+            fB = K_BB @ aB
     sets, settled, exact = _first_sets(sub, aB, fB, b, sigma), 0, False
     rounds = SUB_ROUNDS if mostly_free else 1
     for _ in range(SUB_ROUNDS + MAX_ESCALATIONS):

@@ -995,3 +995,34 @@ def test_active_set_certificate_is_that_of_its_model_at_a_large_c(C):
     assert m.result.primal == pytest.approx(own, rel=1e-12)
     assert m.result.status == "converged" and m.result.rel_gap <= 1e-10, (m.result.status, m.result.rel_gap)
     assert own == pytest.approx(cvxpy_primal("hinge", K, y, c.numpy()), rel=1e-7)
+
+
+def test_working_set_subproblem_keeps_the_interior_points_solution_when_its_sets_do_not_snap(monkeypatch):
+    """A mostly free subproblem whose interior-point solution will not snap to active sets (here: every snap
+    fails) still ends at the subproblem's optimum: the proximal rounds start from the interior point's converged
+    iterate (they started from the old point, which left the subproblem far from solved). Reference: cvxpy's
+    optimum of the same box QP (hinge dual with an intercept's equality)."""
+    cp = pytest.importorskip("cvxpy")
+    import joker_ext.working_set as ws
+    from joker_ext.free_factor import FreeFactor
+    from joker_ext.dense import cholesky_shifted
+
+    n, C = 300, 10.0
+    X, y = make_binary(n=n, seed=11)
+    X, y = torch.as_tensor(X), torch.as_tensor(y, dtype=F64)
+    K = GaussianKernel(1.0)(X, X)
+    c = torch.full((n,), C, dtype=F64)
+    col = ws._Column(K, K.diagonal().clone(), get_loss("hinge"), y, c, True)
+    monkeypatch.setattr(ws, "_round_at_floor", lambda *args, **kw: None)
+    zero = torch.zeros(n, dtype=F64)
+    aB, b, *_ = ws._subproblem(col, K, torch.arange(n), zero, zero.clone(), 0.0, col.scale, ws.SIGMA_FLOOR * col.scale,
+                               FreeFactor(cholesky_shifted), True)
+    a = cp.Variable(n)
+    Kn, yn = K.numpy(), y.numpy()
+    L = np.linalg.cholesky(Kn + 1e-12 * np.eye(n))
+    prob = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(L.T @ a) - yn @ a),
+                      [cp.multiply(yn, a) >= 0, cp.multiply(yn, a) <= C, cp.sum(a) == 0])
+    prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-12, tol_gap_rel=1e-12, tol_feas=1e-12)
+    ours = 0.5 * float(aB @ K @ aB) - float(y @ aB)
+    assert abs(float(aB.sum())) < 1e-9 * C and bool(((y * aB) >= -1e-12).all() and ((y * aB) <= C + 1e-12).all())
+    assert ours == pytest.approx(prob.value, rel=1e-8)
