@@ -114,12 +114,10 @@ def nystrom_approximation(M: torch.Tensor, rank: int, gen: torch.Generator) -> T
     return U, L
 
 
-def _precond_apply(U: torch.Tensor, L: torch.Tensor, rho, g: torch.Tensor, power: float = -1.0) -> torch.Tensor:
-    """``(U diag(L) U^T + rho I)^power g`` for power -1 or -1/2 (Woodbury, U orthonormal; ``rho`` a float or a 0-d
-    tensor)."""
+def _precond_apply(U: torch.Tensor, L: torch.Tensor, rho, g: torch.Tensor) -> torch.Tensor:
+    """``(U diag(L) U^T + rho I)^{-1} g`` (Woodbury, U orthonormal; ``rho`` a float or a 0-d tensor)."""
     Ug = U.T @ g
-    scale = (L + rho).pow(power).unsqueeze(1)
-    return U @ (scale * Ug) + rho ** power * (g - U @ Ug)
+    return U @ (Ug / (L + rho).unsqueeze(1)) + (g - U @ Ug) / rho
 
 
 def _get_L(H: torch.Tensor, U: torch.Tensor, L: torch.Tensor, rho, gen: torch.Generator,
