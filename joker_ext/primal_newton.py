@@ -918,6 +918,11 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
     # the smoothing term s (a - a_k)^2 / (2 c) is centred at the last smoothed problem's dual solution a_k (a
     # proximal point step on the dual): the primal loss is then evaluated at f - shift, shift = s a_k / c
     center, shift = None, None
+    if alpha0 is not None and smoothing.active:
+        # a warm start's dual point is the first centre: where it is the solution (a solve repeated at a nearby
+        # problem, e.g. the intercept search's next round) the proximal steps stay there
+        center = alpha0.to(dtype=dtype, device=device).reshape(n, T)
+        shift = smoothing.value * center / c_col
     rank = min(M, opts.newton_rank or default_rank(M, device))
     gen = torch.Generator().manual_seed(int(opts.seed))
     # the sketch's test matrix is drawn where it is used

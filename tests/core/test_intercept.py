@@ -216,3 +216,31 @@ def test_search_brackets_a_far_intercept_where_every_alpha_is_at_a_bound(solver)
     assert int(m.result.state["intercept_rounds"]) < MAX_INTERCEPT_ROUNDS
     K = kernel(torch.as_tensor(X), torch.as_tensor(X)).numpy()
     assert m.result.primal == pytest.approx(cvxpy_primal("hinge", K, y, c, intercept=True), rel=1e-7)
+
+
+@pytest.mark.parametrize("name", ["hinge", "epsilon_insensitive", "absolute", "pinball"])
+def test_feature_newton_search_rounds_restart_at_the_warm_dual_point(name):
+    """Kinked losses, random features, the feature Newton engine inside the search: every round after the first is
+    warm-started, and its smoothing continuation is centred at the warm dual point, so it takes a fraction of the
+    first (cold) round's Newton iterations. Before, each round restarted the continuation centred at zero and paid
+    about as many as the first (n = 20,000, M = 256, hinge: 15 rounds of ~35-55 iterations, 50 s, 'max_iter'; now 12
+    s, converged). The optimum is cvxpy's on ``K = Phi Phi^T`` with an unregularized intercept."""
+    pytest.importorskip("cvxpy")
+    from conftest import PARAMS, cvxpy_primal
+
+    X, y = make_regression(n=300, seed=2)
+    yy = np.where(y > np.median(y) + 0.3, 1.0, -1.0) if name == "hinge" else y + 2.0
+    params = {"epsilon_insensitive": {"epsilon": PARAMS["epsilon"]}, "pinball": {"quantile": PARAMS["quantile"]}}
+    kernel = GaussianKernel(1.0)
+    fmap = make_feature_map(kernel, 40, seed=3)
+    c = np.full(300, 10.0)
+    m = fit_dual(torch.as_tensor(X), torch.as_tensor(yy).reshape(-1, 1), loss=get_loss(name, **params.get(name, {})),
+                 c=torch.as_tensor(c), kernel=kernel, feature_map=fmap, options=SolverOptions(tol=1e-10, max_iter=2000),
+                 solver="newton", intercept=True)
+    assert m.result.status == "converged", (m.result.status, m.result.rel_gap)
+    iters = [rec["iteration"] for rec in m.result.history]
+    assert len(iters) >= 3
+    warm_mean = (iters[-1] - iters[0]) / (len(iters) - 1)
+    assert warm_mean <= 0.6 * iters[0], iters  # before: 1.0-1.1x the first round's
+    Phi = fmap(torch.as_tensor(X)).numpy()
+    assert m.result.primal == pytest.approx(cvxpy_primal(name, Phi @ Phi.T, yy, c, intercept=True), rel=1e-8)
