@@ -99,6 +99,30 @@ def exact_rows(n: int, seed: int = 0, C: float = 10.0, losses=None, device: str 
         print(line, flush=True)
 
 
+def intercept_rows(n: int, M: int, C: float = 1.0, gamma: float = 0.5) -> None:
+    """Random features (``M``, the default engine) and the kinked losses, with and without ``fit_intercept``: the
+    intercept search's cost as a ratio of the fit without it (fit time, status, relative gap, search rounds), on
+    ``n`` rows of a smooth 8-dimensional target (threshold at 0.3 for the hinge)."""
+    from joker_ext import JokerClassifier, JokerRegressor
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((n, 8))
+    y = np.sin(X[:, 0]) + 0.3 * rng.standard_normal(n) + 0.5
+    print(f"random features, n = {n}, M = {M}, C = {C}, gamma = {gamma}, float64: with fit_intercept against without")
+    for loss, kw in [("hinge", {}), ("epsilon_insensitive", {"epsilon": 0.1}), ("absolute", {}),
+                     ("pinball", {"quantile": 0.8})]:
+        cls, ys = (JokerClassifier, np.where(y > 0.3, 1, -1)) if loss == "hinge" else (JokerRegressor, y)
+        fits = {}
+        for intercept in (True, False):
+            est, t = _timed(lambda: cls(loss=loss, C=C, gamma=gamma, n_features=M, random_state=0,
+                                        fit_intercept=intercept, **kw).fit(X, ys))
+            fits[intercept] = (est, t)
+        (ei, ti), (e0, t0) = fits[True], fits[False]
+        print(f"  {loss:20s} with {ti:7.2f} s {ei.status_:9s} rel gap {ei.relative_gap_:.1e} "
+              f"{len(ei.history_):2d} rounds | without {t0:7.2f} s {e0.status_:9s} rel gap {e0.relative_gap_:.1e} "
+              f"| time ratio {ti / t0:5.2f}", flush=True)
+
+
 def _time_to_objective(est, target: float, fit_seconds: float):
     """Seconds into our fit at which its certified primal objective first was at most ``target``, from the fit's
     history (engine clock; the set-up before the engine's first record, ``fit_seconds`` minus the last record's
@@ -279,6 +303,10 @@ def main(argv=None) -> None:
     ap.add_argument("--reference-n", type=int, nargs="*", default=[],
                     help="sizes at which the losses without a scikit-learn estimator are checked against "
                          "another solver's optimum (Clarabel, LIBSVM; minutes at n = 4000)")
+    ap.add_argument("--intercept-n", type=int, nargs="*", default=[],
+                    help="sizes at which random-feature fits of the kinked losses run with and without fit_intercept "
+                         "(the intercept search's cost; --intercept-M features)")
+    ap.add_argument("--intercept-M", type=int, default=256)
     ap.add_argument("--M", type=int, default=500)
     ap.add_argument("--threads", type=int, default=1,
                     help="threads for both sides: torch's and the BLAS/LAPACK pools of NumPy and SciPy (LIBSVM has one)")
@@ -310,6 +338,8 @@ def _run(args) -> None:
             exact_rows(n, seed=seed, C=C, gamma=gamma, n_features=d, device=args.device, reference_only=True)
     for n in args.reference_n:
         reference_rows(n)
+    for n in args.intercept_n:
+        intercept_rows(n, args.intercept_M)
     for n in args.falkon_n:
         falkon_rows(n, args.M)
 
