@@ -440,7 +440,8 @@ _COMMON_PARAMS_DOC = """
     block_size : int, optional
         Rows per block (default: 2048 for n <= 5e5, 512 above; 1024 for logistic; at most n).
     max_iter : int, optional
-        Outer iterations of the engine: Newton iterations (default 100) or DBCD-TR block iterations
+        Outer iterations of the engine: Newton iterations (default 100; 250 for the kinked losses' smoothing
+        continuation) or DBCD-TR block iterations
         (default: 50 passes over the blocks, at least 200); with ``fit_intercept`` the budget of all
         solves together.
     tol : float, optional

@@ -211,7 +211,7 @@ def fit_dual(
     if budget is not None and name == "working_set":  # half the budget to the kernel-column cache
         kw["cache_columns"] = max(1, budget // (2 * data.n * (torch.finfo(dtype).bits // 8)))
     if opts.max_iter is None:
-        opts = replace(opts, max_iter=default_engine_iter(name, n_all, opts.block_size))
+        opts = replace(opts, max_iter=default_engine_iter(name, n_all, opts.block_size, loss=loss))
     if max_memory is not None and name == "dbcd_tr":
         b, rows, est = plan_blocks(max_memory, data.n, data.d, Yd.shape[1],
                                    n_features=None if feature_map is None else feature_map.n_features,
@@ -273,7 +273,8 @@ def _fit_with_search(data, Yd, *, loss, c, kernel, feature_map, options, dtype, 
                          f"intercept from the intercept search (joker_ext.intercept); got {given[0]}="
                          f"{unsupported[given[0]]!r:.80}")
     if options.max_iter is None:
-        options = replace(options, max_iter=default_engine_iter(solver, n_all, options.block_size, search=True))
+        options = replace(options, max_iter=default_engine_iter(solver, n_all, options.block_size, search=True,
+                                                                  loss=loss))
 
     def solve(*, loss, kernel, feature_map, options, alpha0) -> SolverResult:
         return fit_dual(data, Yd, loss=loss, c=c, kernel=kernel, feature_map=feature_map, options=options,

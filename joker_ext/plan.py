@@ -430,7 +430,7 @@ def make_fit_plan(
     elif epochs is not None:
         iters = max(1, int(math.ceil(check_positive("epochs", epochs) * math.ceil(n / b))))
     elif iteration_budget == "engine":
-        iters = engine_max_iter(engine, n, b, search=intercept_mode == "search")
+        iters = engine_max_iter(engine, n, b, search=intercept_mode == "search", loss=loss)
     else:
         iters = default_max_iter(n, b)
     known = {f.name for f in dataclasses.fields(SolverOptions)}

@@ -488,6 +488,28 @@ def test_random_features_at_a_large_c_end_with_their_best_certificate(loss):
     assert m.primal_objective_ == pytest.approx(prob.value, rel=1e-7)
 
 
+
+def test_random_features_at_a_large_c_converge_within_the_default_budget():
+    """Epsilon-insensitive on 300 random features, C = 300, 2,000 rows: the smoothing continuation takes 107 Newton
+    iterations to the default tol (60-160 at C = 100-10,000 on such problems), and the default budget of 100 stopped
+    it at 'max_iter' with a gap of 1.4e-7 and a ConvergenceWarning. The kinked losses' default budget
+    (KINKED_NEWTON_MAX_ITER) takes it to cvxpy's optimum on the same features."""
+    cp = pytest.importorskip("cvxpy")
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((2000, 6))
+    y = np.sin(2 * X[:, 0]) + X[:, 1] ** 2 - 1 + 0.3 * rng.standard_normal(2000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m = JokerRegressor(loss="epsilon_insensitive", epsilon=0.1, C=300.0, gamma=0.5, n_features=300,
+                           random_state=0).fit(X, y)
+    assert m.status_ == "converged" and 0.0 <= m.relative_gap_ <= 1e-10, (m.status_, m.n_iter_, m.relative_gap_)
+    Phi = m.feature_map_(torch.from_numpy(X)).numpy()
+    beta = cp.Variable(Phi.shape[1])
+    terms = cp.pos(cp.abs(y - Phi @ beta) - 0.1)
+    prob = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(beta) + 300.0 * cp.sum(terms)))
+    prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
+    assert m.primal_objective_ == pytest.approx(prob.value, rel=1e-7)
+
 def test_huber_on_random_features_with_an_intercept_converges_to_cvxpy():
     """The intercept search around the Newton engine (random features, Huber): each solve's dual point is off by
     about the square root of its gap, so ``sum alpha`` at a solve to a gap of ``1e-2 rel`` was noise at the scale
