@@ -351,8 +351,8 @@ def fit_intercept_search(data, Y: torch.Tensor, *, loss: Loss, c: torch.Tensor, 
         else:
             beta = res.state["beta"][:-1]
             F = base_op.predictions({"beta": beta}, alpha)
-            b_eff, loss_terms = _primal_intercept(loss, Yd, cd, F, shards, b_eff,
-                                                  search.b + math.sqrt(rho) * res.state["beta"][-1].double().cpu().numpy())
+            b_primal = search.b + math.sqrt(rho) * res.state["beta"][-1].double().cpu().numpy()
+            b_eff, loss_terms = _primal_intercept(loss, Yd, cd, F, shards, b_eff, b_primal)
         # ||f||^2 of the model itself: alpha^T K alpha (F = K alpha), or ||beta||^2 (beta is the model; the engine's
         # alpha is its dual point, with Phi^T alpha = beta only at the optimum)
         (quad,) = shards.sum_many((alpha * F).sum(0)) if fmap is None else ((beta * beta).sum(0),)
