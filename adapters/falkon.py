@@ -766,6 +766,10 @@ class JokerFalkon(_FalkonFace):
         random, every loss; the kinked ones through a centred smoothing continuation) and the exact-kernel
         engines with ``features='exact'``: then ``maxiter`` counts Newton iterations, Falkon's own outer
         iterations (each solves its Newton system by preconditioned CG to an inexact-Newton tolerance).
+        The kinked losses, which Falkon lacks (hinge, absolute, pinball, epsilon-insensitive), need more of them
+        for their smoothing continuation: 30-180 to the default tol at penalties 1e-4 to 1e-8 (n = 3000,
+        M = 500; more at smaller penalties). At Falkon's default of 20 such a fit stops early with
+        ``status_ == 'max_iter'`` (``relative_gap_`` says how far it got): give them ``maxiter=300``.
         With ``solver='dbcd_tr'`` ``maxiter`` counts epochs as described next. ``solver_`` holds the engine
         used.
     maxiter : int, default 20
