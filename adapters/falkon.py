@@ -49,12 +49,13 @@ from typing import Any, Optional, Tuple
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator
-from sklearn.exceptions import NotFittedError
+from sklearn.exceptions import ConvergenceWarning, NotFittedError
 
 from joker_ext.conversions import penalty_to_C
 from joker_ext.data import BlockData
 from joker_ext.distributed import SingleProcess, row_shards
-from joker_ext.defaults import CHUNK_ROWS, PRACTICAL_TOL, default_block_size
+from joker_ext.engines import needs_smoothing_loss
+from joker_ext.defaults import CHUNK_ROWS, CONVERGENCE_WARN_GAP, PRACTICAL_TOL, default_block_size
 from joker_ext.kernels import CallableKernel, Kernel, StationaryKernel, keops_available, matern_family
 from joker_ext.losses import Loss, get_loss
 from joker_ext.memory import plan_blocks
@@ -769,7 +770,8 @@ class JokerFalkon(_FalkonFace):
         The kinked losses, which Falkon lacks (hinge, absolute, pinball, epsilon-insensitive), need more of them
         for their smoothing continuation: 30-180 to the default tol at penalties 1e-4 to 1e-8 (n = 3000,
         M = 500; more at smaller penalties). At Falkon's default of 20 such a fit stops early with
-        ``status_ == 'max_iter'`` (``relative_gap_`` says how far it got): give them ``maxiter=300``.
+        ``status_ == 'max_iter'`` (``relative_gap_`` says how far it got) and a ConvergenceWarning, which
+        Falkon's own losses never raise: give them ``maxiter=300``.
         With ``solver='dbcd_tr'`` ``maxiter`` counts epochs as described next. ``solver_`` holds the engine
         used.
     maxiter : int, default 20
@@ -1018,9 +1020,20 @@ class JokerFalkon(_FalkonFace):
                 self.alpha_ = model.alpha
         self.loss_ = loss
         self.C_ = C
+        self._warn_short_kinked_fit(plan)
         if not report:
             self.fit_times_.append(time.perf_counter() - t_start)
         return self
+
+    def _warn_short_kinked_fit(self, plan: FitPlan) -> None:
+        """A ConvergenceWarning when a loss Falkon lacks, one with a kink, stopped at ``maxiter`` far from its tol:
+        Falkon's default of 20 is an early stop for its own losses, but not enough Newton iterations for the kinked
+        losses' smoothing continuation (30-180), whose iterate is then no model of the loss yet."""
+        if (self.status_ == "max_iter" and needs_smoothing_loss(self.loss_)
+                and self.relative_gap_ > max(plan.options.tol, CONVERGENCE_WARN_GAP)):
+            warnings.warn(f"{type(self).__name__} with loss {self.loss_.name!r} stopped at maxiter={self.maxiter} "
+                          f"({self.n_iter_} iterations) with relative duality gap {self.relative_gap_:.2e}; the kinked "
+                          f"losses need more (e.g. maxiter=300)", ConvergenceWarning, stacklevel=3)
 
 
 # ============================================================================ JokerLogisticFalkon

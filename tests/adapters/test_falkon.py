@@ -7,6 +7,7 @@ import math
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import numpy as np
 import pytest
@@ -801,6 +802,25 @@ def test_kinked_losses_on_nystrom_features_at_a_small_penalty_converge_to_cvxpy(
     f_m = P @ beta
     loss_m = np.maximum(np.abs(y - f_m) - 0.1, 0) if loss == "epsilon_insensitive" else np.maximum(1 - y * f_m, 0)
     assert 0.5 * float(beta @ beta) + C * float(loss_m.sum()) == pytest.approx(prob.value, rel=1e-7)
+
+
+def test_a_kinked_loss_stopped_at_falkons_default_maxiter_warns(fk, fopt):
+    """Falkon's default maxiter = 20 is enough Newton iterations for its own losses (squared: one CG run) but not for
+    the smoothing continuation of a kinked loss (it needs 30-180). Such a fit used to stop silently at a relative gap
+    of 1e-3 to 0.6; it now says so. A squared-loss fit stopped at maxiter does not warn (Falkon's early stop), nor
+    does a kinked one given the iterations it needs."""
+    from sklearn.exceptions import ConvergenceWarning
+
+    X, Y = _toy(600, d=4, seed=1)
+    kern = fk.kernels.GaussianKernel(1.0, opt=fopt)
+    with pytest.warns(ConvergenceWarning, match=r"loss 'epsilon_insensitive' stopped at maxiter=20.*maxiter=300"):
+        m = JokerFalkon(kern, 1e-6, 100, seed=0, options=fopt, loss="epsilon_insensitive").fit(X, Y)
+    assert m.status_ == "max_iter" and m.relative_gap_ > 1e-6
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        short = JokerFalkon(kern, 1e-6, 100, seed=0, options=fopt, maxiter=1, solver="dbcd_tr", block_size=50).fit(X, Y)
+        full = JokerFalkon(kern, 1e-6, 100, seed=0, options=fopt, loss="epsilon_insensitive", maxiter=300).fit(X, Y)
+    assert short.status_ == "max_iter" and full.status_ == "converged"
 
 def test_hinge_loss_with_one_hot_targets(fk, fopt):
     """One-hot 0/1 targets with a margin loss are fitted one-vs-rest on -1/+1."""
