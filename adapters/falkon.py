@@ -54,8 +54,8 @@ from sklearn.exceptions import ConvergenceWarning, NotFittedError
 from joker_ext.conversions import penalty_to_C
 from joker_ext.data import BlockData
 from joker_ext.distributed import SingleProcess, row_shards
-from joker_ext.engines import needs_smoothing_loss
 from joker_ext.defaults import CHUNK_ROWS, CONVERGENCE_WARN_GAP, PRACTICAL_TOL, default_block_size
+from joker_ext.engines import needs_smoothing_loss
 from joker_ext.kernels import CallableKernel, Kernel, StationaryKernel, keops_available, matern_family
 from joker_ext.losses import Loss, get_loss
 from joker_ext.memory import plan_blocks
