@@ -219,6 +219,34 @@ def test_feature_newton_exact_hessian_takes_one_cg_step_per_newton_step_to_cvxpy
         assert passes_per_step <= 4.0 < sketch.history[-1]["passes"] / sketch.n_iter
 
 
+@pytest.mark.parametrize("name", KINKED)
+def test_feature_newton_finishing_step_lands_on_the_exact_kkt_point_of_the_feature_problem(name):
+    """Kept features and M <= EXACT_HESSIAN_MAX_FEATURES, a kinked loss, two target columns: once a smoothed
+    problem's dual solution has at most M free coordinates, the finishing step solves the free rows for those sets.
+    The fit ends at cvxpy's optimum with every free coordinate's row on its margin, ``f_i = y_i - psi'(a_i) - kink
+    sign(a_i)``, to rounding (the smoothed solutions' margins stayed 9e-13 to 3e-10 off, their gaps 1e-14 to 6e-12)."""
+    pytest.importorskip("cvxpy")
+    from joker_ext.features import RandomFeatureMap
+
+    loss, X, y = _problem(name, n=600, seed=8)
+    Y = np.stack([y, np.cos(2 * y) if not loss.margin else -y], axis=1)
+    fmap = RandomFeatureMap(GaussianKernel(1.0), 40, seed=4)
+    op = FeatureOperator(fmap, BlockData(torch.as_tensor(X), F64, torch.device("cpu")), chunk_rows=128)
+    Yt, c = torch.as_tensor(Y), torch.full((600, 2), 10.0, dtype=F64)
+    res = feature_newton(op, Yt, loss, c[:, 0], SolverOptions(max_iter=300, tol=1e-15))
+    assert res.status == "converged" and res.rel_gap <= 1e-15
+    Phi = fmap(torch.as_tensor(X))
+    f, a = Phi @ res.state["beta"], res.alpha
+    lo, hi = loss.box(Yt, c)
+    free = (a > lo + 1e-9) & (a < hi - 1e-9) & ((a.abs() > 1e-9) if loss.kink else True)
+    margin = Yt - loss.psi_grad(torch.zeros_like(Yt), Yt, c) - loss.kink * torch.sign(a)
+    assert int(free.sum()) > 20
+    assert float((f - margin)[free].abs().max()) <= 1e-12
+    K = (Phi @ Phi.T).numpy()
+    assert res.primal == pytest.approx(sum(cvxpy_primal(name, K, Y[:, t], c[:, t].numpy()) for t in range(2)),
+                                       rel=1e-8)
+
+
 @pytest.mark.parametrize("n", [0, 1, 7, 64, 200])
 def test_row_block_sums_equal_the_whole_sums_empty_shards_included(n):
     from joker_ext.primal_newton import _row_sums
