@@ -55,7 +55,10 @@ Where the features are kept (``SolverOptions.newton_cache``) and the rank would 
 ``I + Phi^T W Phi`` itself is formed from all rows in one pass (``2 n M^2`` flops, a matrix product) and factored
 (:class:`ExactHessian`): the conjugate gradients then take one step, and the kinked losses' smoothed problems,
 ill-conditioned as the smoothing shrinks, are solved by exact Newton steps. A ``newton_rank`` below ``M`` keeps
-the sketch.
+the sketch. The kinked losses' Hessian is formed whenever no ``newton_rank`` is given and ``M <=``
+:data:`~joker_ext.defaults.KINKED_HESSIAN_MAX_FEATURES`, features kept or not: only the rows of the smoothing's band
+have curvature, so it costs ``2 |band| M^2`` flops (and the band's features alone once the band is narrow), where
+the sketch on sampled rows sees few of them.
 
 With Nystrom features ``Phi = K(X, Z) R^{-1}`` the preconditioner is Falkon's instead
 (:class:`CentersPreconditioner`: ``I + (n / M) wbar R R^T``, full rank, one ``M x M`` factor), and
@@ -63,7 +66,8 @@ With Nystrom features ``Phi = K(X, Z) R^{-1}`` the preconditioner is Falkon's in
 chunk of rows (:class:`_Basis`). For the kinked losses, whose smoothed curvature (``c / s`` on a band of rows, 0
 elsewhere) is far from the mean ``wbar`` it assumes, the Hessian is formed instead under the same conditions as
 above (``R^{-T} G^T W G R^{-1}``): JokerFalkon, n = 3000, M = 500, penalty 1e-6 / 1e-8, to a gap of 1e-6,
-180-400 Newton iterations / more than 1,000 (7-14 s / over 30 s) -> 55-130 / 98-176 (1.4-4.3 s).
+180-400 Newton iterations / more than 1,000 (7-14 s / over 30 s) -> 55-130 / 98-176 (1.4-4.3 s); n = 20,000,
+M = 2000, hinge at penalty 1e-6: a gap of 0.5 after 190 s (50 products per Newton step) -> converged in 54 s.
 
 Cost per pass ``O(n M d)`` (the features) plus ``4 n M`` (two products); the sketch ``O(n_s M (d + r))``
 plus ``O(M r^2)``. Memory: ``M r`` for ``U`` (two ``M x r`` buffers while sketching, when the passes'
@@ -91,7 +95,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .defaults import CONVERT_SPLIT, EXACT_HESSIAN_MAX_FEATURES, IN_PLACE_BLOCK, STREAM_BYTES
+from .defaults import (CONVERT_SPLIT, EXACT_HESSIAN_MAX_FEATURES, IN_PLACE_BLOCK, KINKED_HESSIAN_MAX_FEATURES,
+                       STREAM_BYTES)
 from .dense import cholesky_ex, cholesky_solve
 from .distributed import SingleProcess, local_positions
 from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag
@@ -123,6 +128,9 @@ SMOOTHING_FACTOR = 2.0
 #: Rounds of the finishing step (:func:`_active_set_point`): solves of the free rows, each after fixing the
 #: coordinates that the last one took out of their box.
 FINISH_ROUNDS = 8
+#: :meth:`_Passes.exact_hessian` computes the features of its band's rows alone (rather than a whole pass) when the
+#: band holds at most this share of the rows and the features are not kept.
+BAND_ROWS_SHARE = 0.5
 #: Records at the rounding floor without the best gap halving before the fit stops as converged
 #: (:class:`_BestCertificate`).
 FLOOR_PATIENCE = 3
@@ -318,7 +326,9 @@ class ExactHessian(_FactoredPreconditioner):
     21.8 s and 'max_iter' at a gap of 7e-11 -> 3.9 s, converged at 4e-14; absolute 24.9 s ('max_iter', 4.5e-6)
     -> 5.7 s; epsilon-insensitive n = 50,000, M = 500, 116 s ('max_iter', 4e-7) -> 36 s; logistic 0.69 -> 0.49 s;
     Huber 1.63 -> 1.75 s. Memory: two ``M x M`` matrices, no more than the sketch's buffers at its default rank
-    (``SKETCH_BUFFERS M r`` with ``r >= M / 2`` up to that many features)."""
+    (``SKETCH_BUFFERS M r`` with ``r >= M / 2`` up to that many features). For the kinked losses also up to
+    ``M <=`` :data:`~joker_ext.defaults.KINKED_HESSIAN_MAX_FEATURES` without a ``newton_rank``, features kept or
+    not (then more than the sketch's buffers: a memory budget plans a rank, which keeps the sketch)."""
 
     def __init__(self, gram: torch.Tensor, scale: float):
         A = gram.mul_(scale * scale)
@@ -645,13 +655,26 @@ class _Passes:
         return self._cached is not None
 
     def exact_hessian(self, W: torch.Tensor, t: int) -> ExactHessian:
-        """:class:`ExactHessian` for column ``t`` of the curvatures ``W`` (one pass over the kept features,
-        ``G^T W G`` summed in the solver dtype over the chunks and the processes; Nystrom features
-        ``Phi = G R^{-1}``: then ``R^{-T} G^T W G R^{-1}``, two triangular solves of ``M x M``)."""
+        """:class:`ExactHessian` for column ``t`` of the curvatures ``W``: ``G^T W G`` summed in the solver dtype
+        over the rows with ``w_i != 0`` and the processes (``2 |band| M^2`` flops; the kinked losses' band shrinks
+        with the smoothing), from the kept features, else from a pass, or, for a band of at most
+        :data:`BAND_ROWS_SHARE` of the rows, from the band's features alone. Nystrom features ``Phi = G R^{-1}``:
+        then ``R^{-T} G^T W G R^{-1}``, two triangular solves of ``M x M``."""
         gram = torch.zeros(self.M, self.M, dtype=self.dtype, device=self.device)
-        for start, stop, G in self._product_features():
-            Gd = G.to(self.dtype)
-            gram.addmm_(Gd.T, Gd * W[start:stop, t:t + 1])
+        w = W[:, t]
+        band = torch.nonzero(w).reshape(-1)  # the rows with curvature (kinked losses: the smoothing's band)
+        if self._cache_full or band.numel() > BAND_ROWS_SHARE * self.n:
+            for start, stop, G in self._product_features():
+                rows = torch.nonzero(w[start:stop]).reshape(-1)
+                if rows.numel() == 0:
+                    continue
+                Gd = (G if rows.numel() == stop - start else G.index_select(0, rows)).to(self.dtype)
+                gram.addmm_(Gd.T, Gd * w[start + rows].unsqueeze(1))
+        else:  # the band's features alone
+            for s0 in range(0, band.numel(), self.grad_rows):
+                rows = band[s0:s0 + self.grad_rows]
+                Gd = self.basis.raw(self.take(rows)).to(self.dtype)
+                gram.addmm_(Gd.T, Gd * w[rows].unsqueeze(1))
         self.passes += 1
         self.shards.sum_(gram)
         if self.basis.kind == "nystrom":
@@ -1046,6 +1069,11 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
     # smoothly, except for the kinked losses, whose smoothed curvature is c / s on a band of rows and 0 elsewhere
     exact = (rank >= M or (opts.newton_rank is None and M <= EXACT_HESSIAN_MAX_FEATURES)) \
         and not shards.any(not passes.keeps_features) and (passes.basis.kind != "nystrom" or smoothing.active)
+    # kinked losses: neither a sketch on sampled rows nor Falkon's preconditioner sees a curvature that is c / s on
+    # the band of rows near the kinks and 0 elsewhere (Nystrom features, n = 20,000, M = 2000, hinge: 50 products
+    # per Newton step, a gap of 0.5 after 190 s). The Hessian of the band's rows is formed instead, features kept
+    # or not (a memory budget plans a rank, and keeps the sketch)
+    exact = exact or (smoothing.active and opts.newton_rank is None and M <= KINKED_HESSIAN_MAX_FEATURES)
     # the finishing step of the continuation (one process: its free rows would be spread over the processes)
     finishes = exact and smoothing.active and bool(getattr(loss, "quadratic", False)) and not shards.distributed
     n_s = min(n_all, opts.newton_sketch_rows or default_sketch_rows(n_all, rank))
