@@ -768,7 +768,7 @@ class JokerFalkon(_FalkonFace):
         engines with ``features='exact'``: then ``maxiter`` counts Newton iterations, Falkon's own outer
         iterations (each solves its Newton system by preconditioned CG to an inexact-Newton tolerance).
         The kinked losses, which Falkon lacks (hinge, absolute, pinball, epsilon-insensitive), need more of them
-        for their smoothing continuation: 30-180 to the default tol at penalties 1e-4 to 1e-8 (n = 3000,
+        for their smoothing continuation: 20-170 to the default tol at penalties 1e-4 to 1e-8 (n = 3000,
         M = 500; more at smaller penalties). At Falkon's default of 20 such a fit stops early with
         ``status_ == 'max_iter'`` (``relative_gap_`` says how far it got) and a ConvergenceWarning, which
         Falkon's own losses never raise: give them ``maxiter=300``.
@@ -1028,7 +1028,7 @@ class JokerFalkon(_FalkonFace):
     def _warn_short_kinked_fit(self, plan: FitPlan) -> None:
         """A ConvergenceWarning when a loss Falkon lacks, one with a kink, stopped at ``maxiter`` far from its tol:
         Falkon's default of 20 is an early stop for its own losses, but not enough Newton iterations for the kinked
-        losses' smoothing continuation (30-180), whose iterate is then no model of the loss yet."""
+        losses' smoothing continuation (20-170), whose iterate is then no model of the loss yet."""
         if (self.status_ == "max_iter" and needs_smoothing_loss(self.loss_)
                 and self.relative_gap_ > max(plan.options.tol, CONVERGENCE_WARN_GAP)):
             warnings.warn(f"{type(self).__name__} with loss {self.loss_.name!r} stopped at maxiter={self.maxiter} "

@@ -114,7 +114,9 @@ class SolverOptions:
         Newton engine, feature mode: rank of the Nystrom preconditioner (default
         :func:`joker_ext.primal_newton.default_rank`). Not given, with the features kept (``newton_cache``) and
         at most :data:`~joker_ext.defaults.EXACT_HESSIAN_MAX_FEATURES` of them, the Hessian itself is factored
-        instead (:class:`~joker_ext.primal_newton.ExactHessian`); a rank below ``M`` keeps the sketch.
+        instead (:class:`~joker_ext.primal_newton.ExactHessian`); for the kinked losses, from their band's rows,
+        whenever ``M <=`` :data:`~joker_ext.defaults.KINKED_HESSIAN_MAX_FEATURES`, features kept or not. A rank below
+        ``M`` keeps the sketch.
     newton_sketch_rows : int, optional
         Newton engine, feature mode: rows the preconditioner is sketched on (default
         :func:`joker_ext.primal_newton.default_sketch_rows`).
