@@ -914,7 +914,6 @@ def _prefer_best(best: _BestCertificate, last: dict, status: str, tol: float, dt
     return at_rounding_floor(best.rec["rel_gap"], tol, dtype) or best.rec["primal"] <= last["primal"]
 
 
-
 def _active_set_point(passes: "_Passes", loss: Loss, Y, c_col, A, t: int):
     """The exact solution of column ``t``'s problem for the active sets that the dual point ``A[:, t]`` shows, or
     None (see :func:`_finish`).
@@ -993,6 +992,7 @@ def _finish(passes: "_Passes", loss: Loss, Y, c_col, beta, center, g: dict, smoo
     if not bool(better.any()):
         return None
     return torch.where(better, beta_new, beta), torch.where(better, center_new, center), None
+
 
 def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: Optional[SolverOptions] = None,
                    *, alpha0: Optional[torch.Tensor] = None, state0=None, start_iter: int = 0, callback=None,
