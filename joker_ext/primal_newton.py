@@ -593,7 +593,7 @@ class _Passes:
         return {"F": F, "A": A, "W": W, "grad": beta - PhiTA, "primal": primal, "dual": dual, "share": share}
 
     def transpose_product(self, A: torch.Tensor) -> torch.Tensor:
-        """``Phi^T A`` in the solver dtype (one pass)."""
+        """``Phi^T A`` in the internal basis and the solver dtype, summed over the processes (one pass)."""
         acc = torch.zeros(self.M, A.shape[1], dtype=self.dtype, device=self.device)
         for start, stop, Xc in self.chunks(self.grad_rows):
             G = self.basis.raw(Xc, out=self.buffer(stop - start, self.pass_dtype)).to(self.dtype)
@@ -914,35 +914,23 @@ def _prefer_best(best: _BestCertificate, last: dict, status: str, tol: float, dt
     return at_rounding_floor(best.rec["rel_gap"], tol, dtype) or best.rec["primal"] <= last["primal"]
 
 
-def _active_set_point(passes: "_Passes", loss: Loss, Y, c_col, A, t: int):
-    """The exact solution of column ``t``'s problem for the active sets that the dual point ``A[:, t]`` shows, or
-    None (see :func:`_finish`).
+def _active_set_point(passes: "_Passes", a, free, box, beta_fixed, kink: float):
+    """The exact solution of one column's problem for the active sets that its dual point ``a`` shows, or None (see
+    :func:`_finish`; ``free``: its free coordinates, ``box = (lo, hi, target, h)`` with ``target = y - p0``,
+    ``beta_fixed = Phi^T a_N``).
 
-    With the fixed coordinates ``a_N`` of ``A[:, t]`` (at a bound, or at the kink) and ``beta_N = Phi^T a_N``, the free
-    ones solve the optimality conditions of the free rows, ``phi_i^T beta = y_i - psi'(a_i) - kink sign_i``
-    (``psi'(a) = p0 + h a``: the losses with ``loss.quadratic``), where ``beta = beta_N + Phi_F^T a_F``::
+    With the fixed coordinates ``a_N`` of ``a`` (at a bound, or at the kink), the free ones solve the optimality
+    conditions of the free rows, ``phi_i^T beta = y_i - psi'(a_i) - kink sign_i`` (``psi'(a) = p0 + h a``: the losses
+    with ``loss.quadratic``), where ``beta = Phi^T a_N + Phi_F^T a_F``::
 
-        (Phi_F Phi_F^T + diag(h_F)) a_F = y_F - p0_F - kink sign_F - Phi_F beta_N
+        (Phi_F Phi_F^T + diag(h_F)) a_F = y_F - p0_F - kink sign_F - Phi_F Phi^T a_N
 
     (``|F| x |F|``, one Cholesky factorisation). Free coordinates whose solution leaves the box (or crosses the kink)
-    are fixed where they left it and the others solved again, up to :data:`FINISH_ROUNDS` times. None when the free
-    set is empty or has more than M rows (``Phi_F Phi_F^T`` is then singular), a factorisation fails or the rounds
-    run out."""
-    y, a = Y[:, t], A[:, t]
-    zeros = torch.zeros_like(Y)
-    lo, hi = (v[:, t] for v in loss.box(Y, c_col))
-    target = y - loss.psi_grad(zeros, Y, c_col)[:, t]
-    h = loss.psi_hess(zeros, Y, c_col)[:, t]
-    kink = float(loss.kink)
-    free = (a > lo) & (a < hi)
-    if kink:
-        free &= a != 0
+    are fixed where they left it and the others solved again, up to :data:`FINISH_ROUNDS` times. None when a
+    factorisation fails or the rounds run out."""
+    lo, hi, target, h = box
     F = torch.nonzero(free).reshape(-1)
     m = F.numel()
-    if m == 0 or m > passes.M:
-        return None
-    fixed = torch.where(free, torch.zeros_like(a), a)
-    beta_fixed = passes.transpose_product(fixed.unsqueeze(1))[:, 0]
     P = passes.basis.left(passes.basis.raw(passes.take(F)).to(passes.dtype).mT.contiguous())  # Phi_F^T, M x m
     H = P.mT @ P
     H.diagonal().add_(h[F])
@@ -961,7 +949,7 @@ def _active_set_point(passes: "_Passes", loss: Loss, Y, c_col, A, t: int):
         crossed = (x * sgn[k] < 0) & ~below & ~above if kink else torch.zeros_like(below)
         if not bool((below | above | crossed).any()):
             a_F[k] = x
-            out = fixed.clone()
+            out = torch.where(free, torch.zeros_like(a), a)
             out[F] = a_F
             return beta_fixed + P @ a_F, out
         a_F[k[below]] = lo_F[k[below]]
@@ -972,17 +960,31 @@ def _active_set_point(passes: "_Passes", loss: Loss, Y, c_col, A, t: int):
 
 def _finish(passes: "_Passes", loss: Loss, Y, c_col, beta, center, g: dict, smoothing: float):
     """The continuation's finishing step, tried each time a smoothed problem is solved: every column's
-    :func:`_active_set_point` for the sets of its dual solution ``center``. A column takes it where the duality gap of
-    the original problem there (one gradient pass, with the smoothing centred at the new dual point) is no larger
-    than at the smoothed solution (``g``). Returns ``(beta, center, g)``, ``g`` the pass at the new point or None
-    when some columns kept theirs; None when no column took it."""
+    :func:`_active_set_point` for the sets of its dual solution ``center``, for the columns with 1 to M free
+    coordinates (more make ``Phi_F Phi_F^T`` singular); one pass gives every column's ``Phi^T a_N``. A column takes it
+    where the duality gap of the original problem there (one gradient pass, with the smoothing centred at the new
+    dual point) is no larger than at the smoothed solution (``g``). Returns ``(beta, center, g)``, ``g`` the pass
+    at the new point or None when some columns kept theirs; None when no column took it."""
+    zeros = torch.zeros_like(Y)
+    lo, hi = loss.box(Y, c_col)
+    target, h = Y - loss.psi_grad(zeros, Y, c_col), loss.psi_hess(zeros, Y, c_col)
+    kink = float(loss.kink)
+    free = (center > lo) & (center < hi)
+    if kink:
+        free &= center != 0
+    sizes = free.sum(0)
+    tried = (sizes > 0) & (sizes <= passes.M)
+    if not bool(tried.any()):
+        return None
+    beta_fixed = passes.transpose_product(torch.where(free, zeros, center))
     beta_new, center_new = beta.clone(), center.clone()
-    tried = torch.zeros(Y.shape[1], dtype=torch.bool, device=beta.device)
-    for t in range(Y.shape[1]):
-        point = _active_set_point(passes, loss, Y, c_col, center, t)
-        if point is not None:
+    for t in torch.nonzero(tried).reshape(-1).tolist():
+        point = _active_set_point(passes, center[:, t], free[:, t], (lo[:, t], hi[:, t], target[:, t], h[:, t]),
+                                  beta_fixed[:, t], kink)
+        if point is None:
+            tried[t] = False
+        else:
             beta_new[:, t], center_new[:, t] = point
-            tried[t] = True
     if not bool(tried.any()):
         return None
     g_new = passes.gradient(beta_new, smoothing, smoothing * center_new / c_col)
@@ -1035,8 +1037,7 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
     if state0 is not None and "beta" in state0:
         beta = basis.to_internal(state0["beta"].to(dtype=dtype, device=device).clone())
     elif alpha0 is not None:
-        beta0 = operator.init_state(alpha0.to(dtype=dtype, device=device).reshape(n, T))["beta"]
-        beta = basis.to_internal(shards.sum_(beta0))
+        beta = passes.transpose_product(alpha0.to(dtype=dtype, device=device).reshape(n, T))
     else:
         beta = torch.zeros(M, T, dtype=dtype, device=device)
     if shards.any(needs_smoothing(loss, Y, c_col)):  # (decided from every shard's rows alike)
