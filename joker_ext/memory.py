@@ -31,8 +31,9 @@ from typing import Optional, Union
 
 import torch
 
-from .defaults import (CAUCHY_CANDIDATES, CHUNK_ROWS, CONVERT_SPLIT, DIRECT_MAX, FEATURE_CACHE_BYTES, FILL_ELEMENTS,
-                       GRAM_MAX, IN_PLACE_BLOCK, SEARCH_CANDIDATES, STREAM_BYTES, WORKING_SET_DTYPE)
+from .defaults import (CAUCHY_CANDIDATES, CHUNK_ROWS, CONVERT_SPLIT, DIRECT_MAX, EXACT_HESSIAN_MAX_FEATURES,
+                       FEATURE_CACHE_BYTES, FILL_ELEMENTS, GRAM_MAX, IN_PLACE_BLOCK, KINKED_HESSIAN_MAX_FEATURES,
+                       SEARCH_CANDIDATES, STREAM_BYTES, WORKING_SET_DTYPE)
 from .engines import DEFAULT_EXACT_MEMORY, WORKING_SET_SIZE
 from .operators import block_model
 
@@ -231,8 +232,14 @@ def estimate_fit_memory(n: int, d: int, T: int = 1, *, n_features: Optional[int]
         sketch = buffers * itemsize + q * M * (itemsize + p + p // 2) + q * rank * itemsize \
             + min(int(newton_sketch_rows), n) * 8
         factor = M * rank * itemsize
+        # the formed Hessian (primal_newton.ExactHessian) instead of the sketch, where the engine may form it: its
+        # M x M sum and factor, and a chunk of weighted features (counted where it may, whatever newton_rank asked)
+        kinked = loss is not None and (bool(loss.kink) or not _positive_curvature(loss))
+        formed = (rank >= M or (cache and M <= EXACT_HESSIAN_MAX_FEATURES)
+                  or (kinked and M <= KINKED_HESSIAN_MAX_FEATURES))
+        hessian = (2 * M * M + r * M) * itemsize if formed else 0
         model = (M * T + d * M + 8 * M * T) * itemsize  # beta, frequencies, the CG's M-vectors
-        return MemoryEstimate(per_row, max(sketch - passes, factor), passes, model)
+        return MemoryEstimate(per_row, max(sketch - passes, factor, hessian), passes, model)
     if solver != "dbcd_tr":
         raise ValueError(f"solver must be 'dbcd_tr', 'newton' or 'working_set', got {solver!r}")
     per_row = n * (DBCD_ROW_VECTORS * T + 1) * itemsize + partition

@@ -1,0 +1,81 @@
+"""Every engine on a CUDA device gives the CPU's fit (skipped without a GPU).
+
+The engines' CUDA paths differ from the CPU's: float32 feature passes accumulated in float64, pinned-memory
+convergence flags, resident or streamed inputs, the band Hessian's row selection, cuSOLVER factorisations. The
+reference is the same problem solved on the CPU (whose optimum the cvxpy tests of ``test_engines.py`` check);
+each CUDA fit must also certify its own duality gap. A CUDA fit whose objective or predictions differ from the
+CPU's, or which does not converge, fails.
+"""
+import numpy as np
+import pytest
+import torch
+
+from joker_ext import JokerClassifier, JokerRegressor
+
+from conftest import PARAMS, make_binary, make_regression
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+REGRESSION = ["squared", "huber", "epsilon_insensitive", "absolute", "pinball"]
+CLASSIFICATION = ["hinge", "squared_hinge", "logistic"]
+TOL = 1e-10
+
+
+def _pair(loss, n, d, **params):
+    """The CPU fit and the CUDA fit of the same problem."""
+    classify = loss in CLASSIFICATION
+    X, y = (make_binary if classify else make_regression)(n=n, d=d, seed=3)
+    est = JokerClassifier if classify else JokerRegressor
+    extra = {} if classify else PARAMS
+    params.setdefault("tol", TOL)
+    fits = [est(loss=loss, C=10.0, sigma=1.0, random_state=0, device=device, **extra, **params).fit(X, y)
+            for device in ("cpu", "cuda")]
+    return X, fits
+
+
+def _check(X, cpu, gpu, rtol=1e-8):
+    assert gpu.status_ == "converged", (gpu.status_, gpu.relative_gap_)
+    assert gpu.relative_gap_ <= rtol
+    assert abs(gpu.primal_objective_ - cpu.primal_objective_) <= rtol * abs(cpu.primal_objective_)
+    f_cpu = cpu.decision_function(X) if hasattr(cpu, "decision_function") else cpu.predict(X)
+    f_gpu = gpu.decision_function(X) if hasattr(gpu, "decision_function") else gpu.predict(X)
+    np.testing.assert_allclose(f_gpu, f_cpu, rtol=0, atol=1e-4 * np.abs(f_cpu).max())
+
+
+@pytest.mark.parametrize("loss", REGRESSION + CLASSIFICATION)
+def test_exact_engines_on_cuda_match_the_cpu(loss):
+    X, (cpu, gpu) = _pair(loss, 1500, 4, )
+    _check(X, cpu, gpu)
+
+
+@pytest.mark.parametrize("loss", ["hinge", "epsilon_insensitive"])
+def test_exact_engines_with_intercept_on_cuda_match_the_cpu(loss):
+    X, (cpu, gpu) = _pair(loss, 1500, 4, fit_intercept=True)
+    _check(X, cpu, gpu)
+    assert np.abs(np.asarray(gpu.intercept_) - cpu.intercept_).max() <= 1e-6
+
+
+@pytest.mark.parametrize("loss", REGRESSION + CLASSIFICATION)
+def test_feature_newton_on_cuda_matches_the_cpu(loss):
+    """M = 300: the formed Hessian, and for the kinked losses the smoothing continuation's finishing step."""
+    X, (cpu, gpu) = _pair(loss, 3000, 5, n_features=300)
+    _check(X, cpu, gpu)
+
+
+@pytest.mark.parametrize("loss", ["hinge", "epsilon_insensitive"])
+def test_feature_newton_band_hessian_on_cuda_matches_the_cpu(loss):
+    """M = 1100 > EXACT_HESSIAN_MAX_FEATURES: the Hessian of the band's rows."""
+    X, (cpu, gpu) = _pair(loss, 4000, 5, n_features=1100)
+    _check(X, cpu, gpu)
+
+
+@pytest.mark.parametrize("loss", ["pinball", "hinge"])
+def test_feature_newton_intercept_search_on_cuda_matches_the_cpu(loss):
+    X, (cpu, gpu) = _pair(loss, 3000, 5, n_features=256, fit_intercept=True)
+    _check(X, cpu, gpu)
+    assert np.abs(np.asarray(gpu.intercept_) - cpu.intercept_).max() <= 1e-6
+
+
+def test_dbcd_tr_on_cuda_matches_the_cpu():
+    X, (cpu, gpu) = _pair("huber", 800, 4, n_features=128, solver="dbcd_tr", tol=1e-6)
+    _check(X, cpu, gpu, rtol=1e-5)
