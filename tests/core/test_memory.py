@@ -105,6 +105,8 @@ FITS = {
                                    block_size=800, chunk_rows=4096, C=1.0, max_iter=4),
     "newton features": dict(solver="newton", loss="logistic", n=20000, d=5, T=1, n_features=1000,
                             block_size=1024, chunk_rows=4096, C=1.0, max_iter=3),
+    "newton features, band Hessian (hinge)": dict(solver="newton", loss="hinge", n=20000, d=5, T=1, n_features=2000,
+                                                  block_size=1024, chunk_rows=4096, C=1.0, max_iter=3),
     "working set": dict(solver="working_set", loss="hinge", n=4000, d=5, T=1, n_features=None, block_size=1024,
                         chunk_rows=4096, C=1.0, max_iter=6, engine_kw={"working_set_size": 128, "cache_columns": 512}),
 }
