@@ -56,7 +56,7 @@ from joker_ext.data import BlockData
 from joker_ext.distributed import SingleProcess, row_shards
 from joker_ext.defaults import CHUNK_ROWS, CONVERGENCE_WARN_GAP, PRACTICAL_TOL, default_block_size
 from joker_ext.engines import needs_smoothing_loss
-from joker_ext.kernels import CallableKernel, Kernel, StationaryKernel, keops_available, matern_family
+from joker_ext.kernels import CallableKernel, Kernel, StationaryKernel, keops_works, matern_family
 from joker_ext.losses import Loss, get_loss
 from joker_ext.memory import plan_blocks
 from joker_ext.model import KernelModel
@@ -251,7 +251,8 @@ def translate_options(options=None, *, device=None, data_device: Optional[torch.
                                 of JokerLogisticFalkon, as LogisticFalkon prints)
     ``keops_active``            backend of the exact mode: 'force' -> KeOps, 'no' -> torch, 'auto' ->
                                 KeOps on CUDA when pykeops imports and d <= 50 (Falkon's rule; on the
-                                CPU the blocked torch products are used)
+                                CPU the blocked torch products are used), and runs: a pykeops whose
+                                compilation fails gives a RuntimeWarning and the torch products
     ``cg_tolerance``            ``tol = cg_tolerance**2`` on the relative duality gap (both are
                                 squared-error scales). At Falkon's default (1e-7): 1e-14 with
                                 ``solver='dbcd_tr'`` (i.e. run ``maxiter``), 1e-6 with the Newton
@@ -300,7 +301,7 @@ def translate_options(options=None, *, device=None, data_device: Optional[torch.
         require_package("pykeops.torch", purpose="options.keops_active='force'",
                         install="pip install 'joker-ext[keops]' (or: pip install pykeops)")
         backend = "keops"
-    elif keops == "auto" and dev.type == "cuda" and (d is None or d <= 50) and keops_available():
+    elif keops == "auto" and dev.type == "cuda" and (d is None or d <= 50) and keops_works(dev):
         backend = "keops"
     else:
         backend = "torch"

@@ -62,6 +62,7 @@ __all__ = [
     "median_heuristic",
     "matern_family",
     "keops_available",
+    "keops_works",
     "as_kernel",
     "register_kernel_translator",
     "kernel_from_description",
@@ -82,6 +83,32 @@ def keops_available() -> bool:
     except Exception:  # pragma: no cover - depends on the machine
         return False
     return True
+
+
+_KEOPS_WORKS: dict = {}
+
+
+def keops_works(device: Union[str, torch.device] = "cpu") -> bool:
+    """Whether KeOps imports *and* runs on ``device``: one small Gaussian reduction, compiled on the first call
+    (cached per device type for the process). An installed pykeops whose compilation fails (no compiler, no CUDA
+    toolkit matching the driver, a broken cache) gives False and one RuntimeWarning with the error, so that a
+    backend chosen automatically falls back to torch instead of failing the fit; ``backend='keops'`` asked for
+    explicitly still raises."""
+    kind = torch.device(device).type
+    if kind not in _KEOPS_WORKS:
+        ok = keops_available()
+        if ok:
+            try:
+                X = torch.linspace(0.0, 1.0, 6, dtype=torch.float64, device=device).reshape(3, 2)
+                ones = torch.ones(3, 1, dtype=X.dtype, device=device)
+                got = StationaryKernel("gaussian", 1.0)._keops_mmv(X, X, ones)
+                ok = bool(torch.isfinite(got).all())
+            except Exception as exc:  # anything KeOps raises while compiling or running
+                warnings.warn(f"pykeops is installed but does not run on {kind} ({type(exc).__name__}: "
+                              f"{str(exc)[:200]}); the torch backend is used instead", RuntimeWarning, stacklevel=2)
+                ok = False
+        _KEOPS_WORKS[kind] = ok
+    return _KEOPS_WORKS[kind]
 
 
 class Kernel:

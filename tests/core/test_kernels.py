@@ -1,4 +1,6 @@
 """Kernel evaluation against scikit-learn's and scipy's own formulas."""
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -280,3 +282,77 @@ def test_scikit_learn_rational_quadratic_translates_to_the_core_kernel(data):
     assert type(k) is RationalQuadraticKernel and k.outputscale == 0.5 and k.alpha == 0.8
     np.testing.assert_allclose(k(T(A), T(B)).numpy(), sk(A, B), rtol=1e-12, atol=1e-14)
     assert k.supports_random_features  # so scikit-learn's RQ runs with n_features= too
+
+
+class _DenseLazyTensor:
+    """A stand-in for pykeops' LazyTensor that evaluates densely (the operations ``_keops_mmv`` uses)."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def _wrap(self, other):
+        return other.t if isinstance(other, _DenseLazyTensor) else other
+
+    def __sub__(self, other):
+        return _DenseLazyTensor(self.t - self._wrap(other))
+
+    def __pow__(self, k):
+        return _DenseLazyTensor(self.t ** k)
+
+    def __rmul__(self, other):
+        return _DenseLazyTensor(other * self.t)
+
+    def __mul__(self, other):
+        return _DenseLazyTensor(self.t * self._wrap(other))
+
+    def __neg__(self):
+        return _DenseLazyTensor(-self.t)
+
+    def sum(self, dim):
+        return _DenseLazyTensor(self.t.sum(dim))
+
+    def exp(self):
+        return _DenseLazyTensor(self.t.exp())
+
+    def __matmul__(self, V):
+        return self.t @ V
+
+
+def _fake_pykeops(monkeypatch, lazy_tensor):
+    import sys
+    import types
+
+    import joker_ext.kernels as kernels_module
+    top, sub = types.ModuleType("pykeops"), types.ModuleType("pykeops.torch")
+    sub.LazyTensor = lazy_tensor
+    top.torch = sub
+    monkeypatch.setitem(sys.modules, "pykeops", top)
+    monkeypatch.setitem(sys.modules, "pykeops.torch", sub)
+    monkeypatch.setattr(kernels_module, "_KEOPS_WORKS", {})
+    return kernels_module
+
+
+def test_keops_works_falls_back_with_a_warning_when_pykeops_imports_but_cannot_compile(monkeypatch):
+    """The device machine of session 22: pykeops installed, its first compilation failed (ModuleNotFoundError of
+    the compiled module). An automatic backend choice must see False (and say why), not fail the fit."""
+    def broken(_):
+        raise ModuleNotFoundError("No module named 'pykeops_cpp_ab481490b9'")
+
+    kernels_module = _fake_pykeops(monkeypatch, broken)
+    assert kernels_module.keops_available()
+    with pytest.warns(RuntimeWarning, match=r"does not run on cpu \(ModuleNotFoundError: .*pykeops_cpp"):
+        assert kernels_module.keops_works("cpu") is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert kernels_module.keops_works("cpu") is False  # cached: no second compilation, no second warning
+
+
+def test_keops_works_accepts_a_pykeops_that_runs(monkeypatch):
+    kernels_module = _fake_pykeops(monkeypatch, _DenseLazyTensor)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert kernels_module.keops_works("cpu") is True
+    k = kernels_module.StationaryKernel("gaussian", 0.7)
+    X = torch.randn(7, 3, dtype=torch.float64)
+    v = torch.randn(7, 2, dtype=torch.float64)
+    torch.testing.assert_close(k.mmv(X, X, v, backend="keops"), k(X, X) @ v)
