@@ -1093,6 +1093,7 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
     pending = None  # the gradient pass at the point the finishing step moved to
     warm_finish = finishes and center is not None
     best = _BestCertificate(opts.tol, dtype)
+    unreported = False
     with sigint_as_flag(opts.handle_sigint) as sig:
         try:
             while True:
@@ -1110,6 +1111,7 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
                     break
                 if best.update(rec, alpha, state):
                     status = "converged"  # at the rounding floor, and no longer falling
+                    unreported = True  # (this record has not been through stop_reason: the callback has not seen it)
                     break
                 if smoothing.active:
                     solve_error = 0.5 * float((g["grad"] * g["grad"]).sum())
@@ -1171,7 +1173,8 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
         rec, alpha, state = best.rec, best.alpha, best.state
         if status in ("max_iter", "stalled") and at_rounding_floor(rec["rel_gap"], opts.tol, dtype):
             status = "converged"
-        # the callback's last iterate is the one returned (a Falkon error_fn reports the final model)
+        unreported = True
+    if unreported:  # the callback's last iterate is the one returned (a Falkon error_fn reports the final model)
         mon.report_inner(rec["iteration"], rec["primal"], rec["dual"], rec["gap"], state, alpha)
     res = SolverResult(alpha=alpha, state=state, n_iter=it, status=status, primal=rec["primal"], dual=rec["dual"],
                        gap=rec["gap"], rel_gap=rec["rel_gap"], radius=torch.ones(T, dtype=dtype, device=device),
