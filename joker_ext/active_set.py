@@ -56,7 +56,7 @@ from .memory import is_out_of_memory
 from .projected_newton import newton_direction
 from .solver import SolverOptions, SolverResult, orthant_box
 
-__all__ = ["active_set", "supports_active_set"]
+__all__ = ["merge_duplicate_rows", "active_set", "supports_active_set"]
 
 #: Active-set steps per proximal round before sigma grows.
 MAX_INNER = 15
@@ -515,6 +515,55 @@ def box_qp_inputs(engine: str, operator, Y: torch.Tensor, loss: Loss, c: torch.T
     alpha = torch.zeros_like(Y) if alpha0 is None else \
         torch.minimum(torch.maximum(alpha0.to(dtype=Y.dtype, device=Y.device).reshape(Y.shape), lo), hi)
     return options or SolverOptions(), c_col, alpha
+
+
+def merge_duplicate_rows(operator, Y: torch.Tensor, c: torch.Tensor, alpha0: Optional[torch.Tensor]):
+    """The problem with the rows of identical ``(x_i, y_i)`` merged into one, or None when there are none.
+
+    Identical rows have identical kernel rows, so ``K alpha`` depends on them through their sum alone, and their
+    primal terms add: ``sum_{i in G} c_i l(y, f(x)) = c_G l(y, f(x))`` with ``c_G = sum_{i in G} c_i``, for every
+    loss. The merged problem (one row per group, weight ``c_G``) has the same optimal value, and its dual solution
+    ``a_G`` gives the original one as ``a_i = a_G c_i / c_G`` (each ``a_i / c_i`` the same point of ``dl``), with
+    the same primal, dual and gap at every iterate. Kept apart, such rows make the free block ``K_FF`` singular
+    (zero curvature for the losses with a linear conjugate): magic's 68 duplicate pairs (hinge, 15,216 rows, gamma
+    0.5) cost the working-set engine five interior-point subproblems whose sets would not snap, 38.9 s against 7.7 s
+    without them.
+
+    Returns ``(operator, Y, c, alpha0, expand)`` of the merged problem (``alpha0`` summed per group), ``expand``
+    the :class:`~joker_ext.engines.Monitor`'s map of a merged iterate ``(state, alpha)`` back to the rows (state
+    tensors with one row per data row are indexed, the others kept)."""
+    from .data import BlockData
+    from .operators import ExactOperator
+
+    X = operator.data.all()
+    n = X.shape[0]
+    if n < 2:
+        return None
+    rows = torch.cat([X.to(Y.dtype).reshape(n, -1), Y.reshape(n, -1)], dim=1)
+    _, group = torch.unique(rows, dim=0, return_inverse=True)
+    m = int(group.max()) + 1
+    if m == n:
+        return None
+    first = torch.full((m,), n, dtype=torch.long, device=group.device).scatter_reduce_(
+        0, group, torch.arange(n, device=group.device), reduce="amin")
+    keep, order = torch.sort(first)  # one row per group, in the data's order
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(m, device=order.device)
+    group = rank[group]  # each row's group, numbered as keep
+    c_col = c.reshape(n).to(Y.dtype)
+    c_m = torch.zeros(m, dtype=c_col.dtype, device=c_col.device).index_add_(0, group, c_col)
+    share = (c_col / c_m[group]).unsqueeze(1)
+    alpha0_m = None if alpha0 is None else torch.zeros(
+        m, Y.shape[1], dtype=alpha0.dtype, device=alpha0.device).index_add_(0, group, alpha0.reshape(n, -1))
+    merged = ExactOperator(operator.kernel, BlockData(X.index_select(0, keep), X.dtype, X.device),
+                           chunk_rows=operator.chunk_rows, backend=operator.backend)
+
+    def expand(state: dict, alpha: torch.Tensor):
+        out = {k: v.index_select(0, group) if torch.is_tensor(v) and v.dim() == 2 and v.shape[0] == m else v
+               for k, v in state.items()}  # the (m, T) per-row state (K alpha); the intercept is (T,)
+        return out, alpha.index_select(0, group) * share.to(alpha.dtype)
+
+    return merged, Y.index_select(0, keep), c_m, alpha0_m, expand
 
 
 def active_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: Optional[SolverOptions] = None,

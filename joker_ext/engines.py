@@ -257,12 +257,17 @@ class Monitor:
     report_dtype : torch.dtype, optional
         The dtype of the iterates handed to the callback, the validation and snapshots, and returned: the
         caller's, when an engine works in a wider one (default: as they are).
+    expand : callable, optional
+        ``expand(state, alpha) -> (state, alpha)``, applied to those iterates first: an engine that solves a reduced
+        problem (e.g. duplicate rows merged, :func:`joker_ext.active_set.merge_duplicate_rows`) reports the
+        caller's.
     """
 
     def __init__(self, options, *, callback=None, validation=None, snapshot=None, snapshot_every=None,
-                 dtype=torch.float64, report_dtype: Optional[torch.dtype] = None):
+                 dtype=torch.float64, report_dtype: Optional[torch.dtype] = None, expand=None):
         self.options = options
         self.report_dtype = report_dtype
+        self.expand = expand
         self.callback = callback
         self.validation = validation
         self.snapshot = snapshot
@@ -344,7 +349,9 @@ class Monitor:
                             rng_state=None)
 
     def _reported(self, state: dict, alpha: torch.Tensor):
-        """``(state, alpha)`` with their floating tensors in :attr:`report_dtype`."""
+        """``(state, alpha)`` expanded (:attr:`expand`) and with their floating tensors in :attr:`report_dtype`."""
+        if self.expand is not None:
+            state, alpha = self.expand(state, alpha)
         if self.report_dtype is None or alpha.dtype == self.report_dtype:
             return state, alpha
         cast = {k: v.to(self.report_dtype) if torch.is_tensor(v) and v.is_floating_point() else v

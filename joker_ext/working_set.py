@@ -84,7 +84,7 @@ from typing import Optional
 import torch
 
 from .active_set import (FREE, MAX_INNER, SIGMA_FLOOR, SIGMA_START, GapStall, _Column, box_qp_inputs,
-                         next_sigma, outer_loop, supports_active_set)
+                         merge_duplicate_rows, next_sigma, outer_loop, supports_active_set)
 from .defaults import FILL_ELEMENTS, WORKING_SET_DTYPE
 from .dense import cholesky_shifted, scipy_blas_on_one_thread
 from .interior_point import solve_box_qp
@@ -520,6 +520,10 @@ def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options:
     """
     report_dtype = Y.dtype
     Y = Y.to(WORKING_SET_DTYPE)  # its subproblems need it whatever the inputs' dtype; results are returned in theirs
+    expand = None
+    merged = merge_duplicate_rows(operator, Y, c, alpha0) if operator.mode == "exact" else None
+    if merged is not None:  # identical rows make K_FF singular: one row per group, the same problem
+        operator, Y, c, alpha0, expand = merged
     opts, c_col, alpha = box_qp_inputs("working_set", operator, Y, loss, c, options, alpha0)
     n, T = Y.shape
     dtype, device = Y.dtype, Y.device
@@ -529,7 +533,7 @@ def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options:
     if cache_columns is None:  # all of K when it fits half the default budget of the exact engines, else 4 q rows
         cache_columns = working_set_cache_rows(n, torch.finfo(dtype).bits // 8, q)
     mon = Monitor(opts, callback=callback, validation=validation, snapshot=snapshot, snapshot_every=snapshot_every,
-                  dtype=dtype, report_dtype=report_dtype)
+                  dtype=dtype, report_dtype=report_dtype, expand=expand)
     state = {"f": torch.zeros_like(alpha)}
     if intercept:
         state["intercept"] = torch.zeros(T, dtype=dtype, device=device)

@@ -1136,3 +1136,55 @@ def test_feature_newton_shares_one_preconditioner_between_targets_with_the_same_
     built.clear()
     fit("logistic", np.where(Y > np.median(Y, 0), 1.0, -1.0))
     assert set(built) == {0, 1, 2}
+
+
+def _with_duplicates(name, seed=5):
+    """A problem whose rows repeat: 40 rows copied once or twice (same x and y), plus rows with the x of another
+    row and another y (not duplicates of it); weights vary within the groups."""
+    loss, X, y = _problem(name, n=120, seed=seed)
+    g = np.random.default_rng(seed)
+    copies = np.concatenate([g.choice(120, 40, replace=False), g.choice(120, 10, replace=False)])
+    X = np.concatenate([X, X[copies], X[:5]])
+    y = np.concatenate([y, y[copies], -y[:5] if loss.margin else y[:5] + 1.0])
+    c = g.uniform(0.5, 3.0, X.shape[0]) * 5.0
+    return loss, X, y, c
+
+
+@pytest.mark.parametrize("name", ["hinge", "epsilon_insensitive", "pinball", "squared_hinge"])
+@pytest.mark.parametrize("intercept", [False, True])
+def test_working_set_merges_duplicate_rows_into_the_same_problem(name, intercept):
+    """Rows with the same x and y make K_FF singular; the working-set engine solves them as one row of weight
+    ``c_G`` and reports ``a_i = a_G c_i / c_G``. Checked against cvxpy on the problem as given (every row), the
+    box of every row, the intercept's constraint, and against the engine on the data merged by hand (the same
+    iterations: without the merge the engine runs another path)."""
+    pytest.importorskip("cvxpy")
+    loss, X, y, c = _with_duplicates(name)
+    kernel = GaussianKernel(1.0)
+    op = ExactOperator(kernel, BlockData(torch.as_tensor(X), F64, torch.device("cpu")))
+    Y, ct = torch.as_tensor(y).reshape(-1, 1), torch.as_tensor(c)
+    seen = []
+    engine = get_solver("working_set", "exact")
+    res = engine(op, Y, loss, ct, SolverOptions(tol=1e-13, max_iter=300), intercept=intercept,
+                 callback=lambda info: seen.append(tuple(info["alpha"].shape)))
+    assert res.status == "converged" and res.rel_gap <= 1e-12
+    assert res.alpha.shape == (X.shape[0], 1) and set(seen) == {(X.shape[0], 1)}
+    K = kernel(torch.as_tensor(X), torch.as_tensor(X)).numpy()
+    assert res.primal == pytest.approx(cvxpy_primal(name, K, y, c, intercept=intercept), rel=1e-7, abs=1e-9)
+    lo, hi = loss.box(Y, ct.reshape(-1, 1))
+    assert bool(((res.alpha >= lo - 1e-12) & (res.alpha <= hi + 1e-12)).all())
+    if intercept:
+        assert abs(float(res.alpha.sum())) <= 1e-10 * float(res.alpha.abs().sum())
+    # the same fit on the rows merged by hand
+    rows = np.concatenate([X, y.reshape(-1, 1)], axis=1)
+    _, first, group = np.unique(rows, axis=0, return_index=True, return_inverse=True)
+    order = np.argsort(first)
+    keep, rank = first[order], np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    group = rank[group.ravel()]
+    c_m = np.bincount(group, weights=c)
+    op_m = ExactOperator(kernel, BlockData(torch.as_tensor(X[keep]), F64, torch.device("cpu")))
+    ref = engine(op_m, torch.as_tensor(y[keep]).reshape(-1, 1), loss, torch.as_tensor(c_m),
+                 SolverOptions(tol=1e-13, max_iter=300), intercept=intercept)
+    assert res.n_iter == ref.n_iter
+    merged = np.bincount(group, weights=res.alpha[:, 0].numpy())
+    np.testing.assert_allclose(merged, ref.alpha[:, 0].numpy(), rtol=0, atol=1e-12 * float(np.abs(c_m).max()))
