@@ -589,6 +589,10 @@ def active_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: 
     callback, validation, snapshot, snapshot_every :
         As in :func:`joker_ext.solver.dbcd_tr`, once per proximal round.
     """
+    expand = None
+    merged = merge_duplicate_rows(operator, Y, c, alpha0) if operator.mode == "exact" else None
+    if merged is not None:  # identical rows make K_FF singular: one row per group, the same problem
+        operator, Y, c, alpha0, expand = merged
     opts, c_col, alpha = box_qp_inputs("active_set", operator, Y, loss, c, options, alpha0)
     n, T = Y.shape
     dtype, device = Y.dtype, Y.device
@@ -596,7 +600,7 @@ def active_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: 
     if intercept and state0 is not None and "intercept" in state0:
         b_all = state0["intercept"].to(dtype=dtype, device=device).reshape(T).clone()
     mon = Monitor(opts, callback=callback, validation=validation, snapshot=snapshot, snapshot_every=snapshot_every,
-                  dtype=dtype)
+                  dtype=dtype, expand=expand)
     generator = torch.Generator().manual_seed(int(opts.seed) if opts.seed is not None else 0)
     state = {"f": torch.zeros_like(alpha)}
     if intercept:

@@ -1150,10 +1150,11 @@ def _with_duplicates(name, seed=5):
     return loss, X, y, c
 
 
+@pytest.mark.parametrize("solver", ["working_set", "active_set"])
 @pytest.mark.parametrize("name", ["hinge", "epsilon_insensitive", "pinball", "squared_hinge"])
 @pytest.mark.parametrize("intercept", [False, True])
-def test_working_set_merges_duplicate_rows_into_the_same_problem(name, intercept):
-    """Rows with the same x and y make K_FF singular; the working-set engine solves them as one row of weight
+def test_box_qp_engines_merge_duplicate_rows_into_the_same_problem(solver, name, intercept):
+    """Rows with the same x and y make K_FF singular; the box-QP engines solve them as one row of weight
     ``c_G`` and reports ``a_i = a_G c_i / c_G``. Checked against cvxpy on the problem as given (every row), the
     box of every row, the intercept's constraint, and against the engine on the data merged by hand (the same
     iterations: without the merge the engine runs another path)."""
@@ -1163,7 +1164,7 @@ def test_working_set_merges_duplicate_rows_into_the_same_problem(name, intercept
     op = ExactOperator(kernel, BlockData(torch.as_tensor(X), F64, torch.device("cpu")))
     Y, ct = torch.as_tensor(y).reshape(-1, 1), torch.as_tensor(c)
     seen = []
-    engine = get_solver("working_set", "exact")
+    engine = get_solver(solver, "exact")
     res = engine(op, Y, loss, ct, SolverOptions(tol=1e-13, max_iter=300), intercept=intercept,
                  callback=lambda info: seen.append(tuple(info["alpha"].shape)))
     assert res.status == "converged" and res.rel_gap <= 1e-12
