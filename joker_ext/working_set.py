@@ -56,6 +56,10 @@ margin) take values that a linear system decides. The engine reads ``K`` through
    ``4 q`` rows (LIBSVM keeps a kernel cache for the same reason). A coordinate that never moves (most
    violators that a subproblem leaves where they are) never has its row computed.
 
+**Duplicate rows.** Rows with the same ``x`` and ``y`` are solved as one row of their summed weight
+(:func:`~joker_ext.active_set.merge_duplicate_rows`): kept apart they make every free block that holds two of them
+singular (magic, 68 duplicate pairs: 38.9 s -> 7.1 s).
+
 **Stop.** At the relative gap ``tol``, or, when ``tol`` lies below the gap's rounding floor (the estimators'
 default 1e-14 in float64), once every open column solved its last subproblem exactly at the smallest proximal
 weight and the gap, below :data:`~joker_ext.defaults.ROUNDING_GAP`, has not halved for
