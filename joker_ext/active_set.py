@@ -517,6 +517,19 @@ def box_qp_inputs(engine: str, operator, Y: torch.Tensor, loss: Loss, c: torch.T
     return options or SolverOptions(), c_col, alpha
 
 
+def _may_repeat(rows: torch.Tensor) -> bool:
+    """Whether two rows may be equal: a hash of each row's bits (integer arithmetic, exact in any order) has a repeat.
+    A sort of ``n`` integers instead of ``torch.unique``'s sort of whole rows (16 ms at n = 10,000, d = 9) where, as
+    usual, no row repeats."""
+    ints = {torch.float64: torch.int64, torch.float32: torch.int32}.get(rows.dtype)
+    if ints is None:
+        return True
+    bits = rows.contiguous().view(ints).to(torch.int64)
+    odd = torch.arange(rows.shape[1], dtype=torch.int64, device=rows.device) * 2654435761 + 40503
+    key = torch.sort((bits * odd).sum(1)).values
+    return bool((key[1:] == key[:-1]).any())
+
+
 def merge_duplicate_rows(operator, Y: torch.Tensor, c: torch.Tensor, alpha0: Optional[torch.Tensor]):
     """The problem with the rows of identical ``(x_i, y_i)`` merged into one, or None when there are none.
 
@@ -540,6 +553,8 @@ def merge_duplicate_rows(operator, Y: torch.Tensor, c: torch.Tensor, alpha0: Opt
     if n < 2:
         return None
     rows = torch.cat([X.to(Y.dtype).reshape(n, -1), Y.reshape(n, -1)], dim=1)
+    if not _may_repeat(rows):
+        return None
     _, group = torch.unique(rows, dim=0, return_inverse=True)
     m = int(group.max()) + 1
     if m == n:
