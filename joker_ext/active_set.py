@@ -550,7 +550,8 @@ def merge_duplicate_rows(operator, Y: torch.Tensor, c: torch.Tensor, alpha0: Opt
 
     X = operator.data.all()
     n = X.shape[0]
-    if n < 2:
+    c_col = c.reshape(n).to(Y.dtype)
+    if n < 2 or not bool((c_col > 0).all()):  # (invalid weights: box_qp_inputs says so, on the rows as given)
         return None
     rows = torch.cat([X.to(Y.dtype).reshape(n, -1), Y.reshape(n, -1)], dim=1)
     if not _may_repeat(rows):
@@ -565,7 +566,6 @@ def merge_duplicate_rows(operator, Y: torch.Tensor, c: torch.Tensor, alpha0: Opt
     rank = torch.empty_like(order)
     rank[order] = torch.arange(m, device=order.device)
     group = rank[group]  # each row's group, numbered as keep
-    c_col = c.reshape(n).to(Y.dtype)
     c_m = torch.zeros(m, dtype=c_col.dtype, device=c_col.device).index_add_(0, group, c_col)
     share = (c_col / c_m[group]).unsqueeze(1)
     alpha0_m = None if alpha0 is None else torch.zeros(

@@ -1189,3 +1189,14 @@ def test_box_qp_engines_merge_duplicate_rows_into_the_same_problem(solver, name,
     assert res.n_iter == ref.n_iter
     merged = np.bincount(group, weights=res.alpha[:, 0].numpy())
     np.testing.assert_allclose(merged, ref.alpha[:, 0].numpy(), rtol=0, atol=1e-12 * float(np.abs(c_m).max()))
+
+
+def test_duplicate_rows_with_an_invalid_weight_are_refused_as_given():
+    """The merge must not hide a bad weight inside a positive group sum: c = (2, -1) on two identical rows."""
+    loss = get_loss("hinge")
+    X = torch.tensor([[0.0, 1.0], [0.0, 1.0], [1.0, 0.0]], dtype=F64)
+    op = ExactOperator(GaussianKernel(1.0), BlockData(X, F64, torch.device("cpu")))
+    Y = torch.tensor([[1.0], [1.0], [-1.0]], dtype=F64)
+    for solver in ("working_set", "active_set"):
+        with pytest.raises(ValueError, match=r"needs c > 0"):
+            get_solver(solver, "exact")(op, Y, loss, torch.tensor([2.0, -1.0, 1.0], dtype=F64))
