@@ -531,7 +531,7 @@ def _may_repeat(rows: torch.Tensor) -> bool:
 
 
 def merge_duplicate_rows(operator, Y: torch.Tensor, c: torch.Tensor, alpha0: Optional[torch.Tensor]):
-    """The problem with the rows of identical ``(x_i, y_i)`` merged into one, or None when there are none.
+    """The problem with the rows of identical ``(x_i, y_i)`` merged into one (as given when there are none).
 
     Identical rows have identical kernel rows, so ``K alpha`` depends on them through their sum alone, and their
     primal terms add: ``sum_{i in G} c_i l(y, f(x)) = c_G l(y, f(x))`` with ``c_G = sum_{i in G} c_i``, for every
@@ -544,22 +544,27 @@ def merge_duplicate_rows(operator, Y: torch.Tensor, c: torch.Tensor, alpha0: Opt
 
     Returns ``(operator, Y, c, alpha0, expand)`` of the merged problem (``alpha0`` summed per group), ``expand``
     the :class:`~joker_ext.engines.Monitor`'s map of a merged iterate ``(state, alpha)`` back to the rows (state
-    tensors with one row per data row are indexed, the others kept)."""
+    tensors with one row per data row are indexed, the others kept); the arguments and ``expand=None`` when no row
+    repeats, the operator is not an exact one or a weight is not positive (:func:`box_qp_inputs` then refuses the
+    rows as given)."""
     from .data import BlockData
     from .operators import ExactOperator
 
+    unchanged = operator, Y, c, alpha0, None
+    if operator.mode != "exact":
+        return unchanged
     X = operator.data.all()
     n = X.shape[0]
     c_col = c.reshape(n).to(Y.dtype)
-    if n < 2 or not bool((c_col > 0).all()):  # (invalid weights: box_qp_inputs says so, on the rows as given)
-        return None
+    if n < 2 or not bool((c_col > 0).all()):
+        return unchanged
     rows = torch.cat([X.to(Y.dtype).reshape(n, -1), Y.reshape(n, -1)], dim=1)
     if not _may_repeat(rows):
-        return None
+        return unchanged
     _, group = torch.unique(rows, dim=0, return_inverse=True)
     m = int(group.max()) + 1
     if m == n:
-        return None
+        return unchanged
     first = torch.full((m,), n, dtype=torch.long, device=group.device).scatter_reduce_(
         0, group, torch.arange(n, device=group.device), reduce="amin")
     keep, order = torch.sort(first)  # one row per group, in the data's order
@@ -604,10 +609,8 @@ def active_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: 
     callback, validation, snapshot, snapshot_every :
         As in :func:`joker_ext.solver.dbcd_tr`, once per proximal round.
     """
-    expand = None
-    merged = merge_duplicate_rows(operator, Y, c, alpha0) if operator.mode == "exact" else None
-    if merged is not None:  # identical rows make K_FF singular: one row per group, the same problem
-        operator, Y, c, alpha0, expand = merged
+    # identical rows make K_FF singular: one row per group, the same problem
+    operator, Y, c, alpha0, expand = merge_duplicate_rows(operator, Y, c, alpha0)
     opts, c_col, alpha = box_qp_inputs("active_set", operator, Y, loss, c, options, alpha0)
     n, T = Y.shape
     dtype, device = Y.dtype, Y.device

@@ -34,7 +34,7 @@ import torch
 from .defaults import (CAUCHY_CANDIDATES, CHUNK_ROWS, CONVERT_SPLIT, DIRECT_MAX, EXACT_HESSIAN_MAX_FEATURES,
                        FEATURE_CACHE_BYTES, FILL_ELEMENTS, GRAM_MAX, IN_PLACE_BLOCK, KINKED_HESSIAN_MAX_FEATURES,
                        SEARCH_CANDIDATES, STREAM_BYTES, WORKING_SET_DTYPE)
-from .engines import DEFAULT_EXACT_MEMORY, WORKING_SET_SIZE
+from .engines import DEFAULT_EXACT_MEMORY, WORKING_SET_SIZE, needs_smoothing_loss
 from .operators import block_model
 
 __all__ = ["MemoryEstimate", "estimate_fit_memory", "keeps_features", "plan_blocks", "plan_newton", "parse_memory",
@@ -234,7 +234,7 @@ def estimate_fit_memory(n: int, d: int, T: int = 1, *, n_features: Optional[int]
         factor = M * rank * itemsize
         # the formed Hessian (primal_newton.ExactHessian) instead of the sketch, where the engine may form it: its
         # M x M sum and factor, and a chunk of weighted features (counted where it may, whatever newton_rank asked)
-        kinked = loss is not None and (bool(loss.kink) or not _positive_curvature(loss))
+        kinked = loss is not None and needs_smoothing_loss(loss)
         formed = (rank >= M or (cache and M <= EXACT_HESSIAN_MAX_FEATURES)
                   or (kinked and M <= KINKED_HESSIAN_MAX_FEATURES))
         hessian = (2 * M * M + r * M) * itemsize if formed else 0

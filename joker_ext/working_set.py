@@ -524,10 +524,8 @@ def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options:
     """
     report_dtype = Y.dtype
     Y = Y.to(WORKING_SET_DTYPE)  # its subproblems need it whatever the inputs' dtype; results are returned in theirs
-    expand = None
-    merged = merge_duplicate_rows(operator, Y, c, alpha0) if operator.mode == "exact" else None
-    if merged is not None:  # identical rows make K_FF singular: one row per group, the same problem
-        operator, Y, c, alpha0, expand = merged
+    # identical rows make K_FF singular: one row per group, the same problem
+    operator, Y, c, alpha0, expand = merge_duplicate_rows(operator, Y, c, alpha0)
     opts, c_col, alpha = box_qp_inputs("working_set", operator, Y, loss, c, options, alpha0)
     n, T = Y.shape
     dtype, device = Y.dtype, Y.device
