@@ -25,7 +25,7 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
-from .dense import cholesky_shifted, cholesky_solve
+from .dense import cholesky_ex, cholesky_shifted, cholesky_solve
 
 __all__ = ["solve_box_qp"]
 
@@ -37,6 +37,12 @@ COMPLEMENTARITY_TOL = 1e-11
 RESIDUAL_TOL = 1e-9
 #: Fraction of the distance to the boundary a step may go.
 TO_BOUNDARY = 0.995
+#: Problems of at least this many coordinates (in float64) factor ``Q + D`` in float32 (:class:`_Factor`).
+MIXED_PRECISION_MIN = 1024
+#: Largest number of refinement steps per solve through a float32 factor.
+REFINEMENTS = 2
+#: A float32 solve's refinement stops once the residual is below this share of the right-hand side.
+REFINED = 1e-12
 
 
 def _step_length(x: torch.Tensor, dx: torch.Tensor) -> float:
@@ -140,7 +146,7 @@ class _Variables:
         return _step_length(x, d)
 
 
-def _direction(var: _Variables, L, ga, eta: float, s, z, curv, r_p: float, total, target: float, products=None):
+def _direction(var: _Variables, L: "_Factor", ga, eta: float, s, z, curv, r_p: float, total, target: float, products=None):
     """The Newton direction ``(du, dv, d_eta, dz)`` of the perturbed KKT system ``s z = target`` (minus the
     predictor's ``products`` ``ds dz`` in the corrector), through the factor ``L`` of ``Q + D``, bordered by
     ``1^T da = total - 1^T a`` when there is an intercept."""
@@ -150,9 +156,9 @@ def _direction(var: _Variables, L, ga, eta: float, s, z, curv, r_p: float, total
     t_v = -(-ga - eta + var.kink) + (target - c[2]) / s[2] - (target - c[3]) / s[3]
     rhs = torch.where(var.split, (S_v * t_u - S_u * t_v) / (S_u + S_v), t_u)
     if total is None:
-        da, d_eta = cholesky_solve(rhs.unsqueeze(1), L).squeeze(1), 0.0
+        da, d_eta = L.solve(rhs.unsqueeze(1)).squeeze(1), 0.0
     else:
-        sol = cholesky_solve(torch.stack([rhs, torch.ones_like(rhs)], 1), L)
+        sol = L.solve(torch.stack([rhs, torch.ones_like(rhs)], 1))
         d_eta = (float(sol[:, 0].sum()) + r_p) / float(sol[:, 1].sum())
         da = sol[:, 0] - d_eta * sol[:, 1]
     du = torch.where(var.split, (S_v * da + t_u + t_v) / (S_u + S_v), da)
@@ -212,11 +218,64 @@ def _mehrotra(Q, lin, kink: float, lo, hi, total, tol: float, probe=None, probe_
     return var.point(u, v), eta, it, converged
 
 
-def _factor(Q: torch.Tensor, D: torch.Tensor) -> Optional[torch.Tensor]:
-    """Cholesky factor of ``Q + diag(D)``, or None when it cannot be factored."""
-    H = Q.clone()
-    H.diagonal().add_(D)
+class _Factor:
+    """``(Q + diag(D))^{-1}`` through a Cholesky factor.
+
+    Problems of at least :data:`MIXED_PRECISION_MIN` coordinates in float64 factor in float32 (half the time of a
+    float64 factorisation: 0.17 s against 0.33 s at m = 4000 on two cores) and refine each solve in float64:
+    ``x += (L L^T)^{-1} (r - (Q + D) x)``, at most :data:`REFINEMENTS` times, each an ``m^2`` product. The
+    interior point needs no more than Newton directions whose error its next iteration corrects (its residuals
+    are recomputed in float64 from ``Q a``), and its answer is snapped to its active sets in float64 by the caller.
+    A float32 factorisation that fails is replaced by a float64 one; a refinement that does not shrink the residual
+    is dropped. Measured (epsilon-insensitive with the intercept, ``make_friedman1``, gamma 0.1, two cores, two
+    alternating runs each), where subproblems of 1,900-4,300 coordinates go to the interior point: n = 4000, C = 10,
+    2.6-2.9 s -> 1.7 s; n = 10,000, C = 1, 3.1-3.2 s -> 2.4-2.6 s; C = 10, 21.3-21.7 s -> 19.3-20.7 s (the
+    active-set steps that finish each subproblem from the interior point's iterate factor in float64 and take the
+    rest). Primal objectives equal to 12 digits, the same gaps of 1e-14.
+    """
+
+    def __init__(self, Q: torch.Tensor, D: torch.Tensor):
+        self.Q, self.D = Q, D
+        self.L = None
+        if Q.dtype == torch.float64 and Q.shape[0] >= MIXED_PRECISION_MIN:
+            H = Q.to(torch.float32)
+            H.diagonal().add_(D.to(torch.float32))
+            L, info = cholesky_ex(H)
+            self.L = L if int(info) == 0 else None
+        self.mixed = self.L is not None
+        if not self.mixed:
+            H = Q.clone()
+            H.diagonal().add_(D)
+            self.L = cholesky_shifted(H)
+
+    def solve(self, R: torch.Tensor) -> torch.Tensor:
+        """``(Q + D)^{-1} R`` for ``R`` of shape (m, k)."""
+        if not self.mixed:
+            return cholesky_solve(R, self.L)
+        X = self._solve32(R)
+        residual = self._residual(R, X)
+        bound = REFINED * float(R.abs().max())
+        for _ in range(REFINEMENTS):
+            size = float(residual.abs().max())
+            if size <= bound:
+                break
+            refined = X + self._solve32(residual)
+            new_residual = self._residual(R, refined)
+            if not float(new_residual.abs().max()) <= size:  # the factor is too inexact to refine
+                break
+            X, residual = refined, new_residual
+        return X
+
+    def _solve32(self, R: torch.Tensor) -> torch.Tensor:
+        return cholesky_solve(R.to(torch.float32), self.L).to(R.dtype)
+
+    def _residual(self, R: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+        return R - self.Q @ X - self.D.unsqueeze(1) * X
+
+
+def _factor(Q: torch.Tensor, D: torch.Tensor) -> Optional[_Factor]:
+    """The factor of ``Q + diag(D)``, or None when it cannot be factored."""
     try:
-        return cholesky_shifted(H)
+        return _Factor(Q, D)
     except torch.linalg.LinAlgError:
         return None

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from joker_ext import interior_point
 from joker_ext.interior_point import solve_box_qp
 from joker_ext.kernels import GaussianKernel
 
@@ -36,12 +37,27 @@ def _objective(K, lin, kink, a):
     return float(0.5 * a @ K @ a - lin @ a + kink * a.abs().sum())
 
 
+def _spy(cls, made: list):
+    """``cls``, recording every instance it makes in ``made``."""
+    class Spy(cls):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+    return Spy
+
+
 CASES = ["split_with_total", "one_sided_with_total", "box_without_total", "fixed_and_h"]
 
 
+@pytest.mark.parametrize("mixed", [False, True], ids=["float64_factor", "float32_factor"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("case", CASES)
-def test_solve_box_qp_reaches_the_cvxpy_optimum(case, seed):
+def test_solve_box_qp_reaches_the_cvxpy_optimum(case, seed, mixed, monkeypatch):
+    """Both factorisations: float64, and float32 refined in float64 (which large subproblems use), forced here at
+    m = 120 by lowering the size at which it starts."""
+    factors = []
+    monkeypatch.setattr(interior_point, "MIXED_PRECISION_MIN", 1 if mixed else 10**9)
+    monkeypatch.setattr(interior_point, "_Factor", _spy(interior_point._Factor, factors))
     K, lin, rng = _problem(120, seed=10 * CASES.index(case) + seed)
     m = lin.numel()
     C = torch.as_tensor(rng.uniform(0.5, 3.0, m))
@@ -60,6 +76,7 @@ def test_solve_box_qp_reaches_the_cvxpy_optimum(case, seed):
         K = K + torch.diag(torch.as_tensor(rng.uniform(0.0, 0.5, m)))
     a, eta, iterations, converged = solve_box_qp(K, lin, kink, lo, hi, total)
     assert converged and iterations < 40
+    assert factors and all(f.mixed == mixed for f in factors)
     assert bool((a >= lo - 1e-12).all() and (a <= hi + 1e-12).all())
     if total is not None:
         assert float(a.sum()) == pytest.approx(total, abs=1e-9)
