@@ -27,7 +27,7 @@ import torch
 
 from .dense import cholesky_ex, cholesky_shifted, cholesky_solve
 
-__all__ = ["solve_box_qp"]
+__all__ = ["solve_box_qp", "box_qp_iterates"]
 
 #: Iterations before the solver gives up (it then returns its last iterate and ``converged=False``).
 MAX_ITERATIONS = 60
@@ -52,15 +52,20 @@ def _step_length(x: torch.Tensor, dx: torch.Tensor) -> float:
     return min(1.0, float(ratio.min()))
 
 
-def solve_box_qp(Q: torch.Tensor, lin: torch.Tensor, kink: float, lo: torch.Tensor, hi: torch.Tensor,
+def solve_box_qp(Q, lin: torch.Tensor, kink: float, lo: torch.Tensor, hi: torch.Tensor,
                  total: Optional[float] = None,
                  tol: float = COMPLEMENTARITY_TOL, probe: Optional[Callable[[torch.Tensor, float], bool]] = None,
-                 probe_tol: float = 0.0) -> Tuple[torch.Tensor, float, int, bool]:
+                 probe_tol: float = 0.0,
+                 observe: Optional[Callable[[torch.Tensor, float, float], bool]] = None,
+                 start: float = 0.5) -> Tuple[torch.Tensor, float, int, bool]:
     """Solve the box QP of the module docstring.
 
     Parameters
     ----------
-    Q : Tensor (m, m)
+    Q : Tensor (m, m), or an operator
+        An operator gives ``Q @ a`` and ``Q.factor(D)``, a solver of ``(Q + diag(D)) x = r`` (its ``solve(R)``
+        for ``R`` of shape (m, k)) or None when it cannot factor (e.g.
+        :class:`~joker_ext.feature_interior.FeatureGram`); it needs ``lo < hi`` everywhere.
     lin, lo, hi : Tensor (m,)
         ``lo <= hi``, both finite.
     kink : float
@@ -73,6 +78,12 @@ def solve_box_qp(Q: torch.Tensor, lin: torch.Tensor, kink: float, lo: torch.Tens
         ``probe(a, eta) -> bool``, called once, at the first iterate whose relative complementarity is at most
         ``probe_tol``: True stops the solver there (the caller has finished the problem from that iterate, e.g.
         by active-set steps from the sets it predicts), and ``(a, eta, iterations, True)`` is returned.
+    observe : callable, optional
+        ``observe(a, eta, complementarity) -> bool``, called at every iterate with its relative complementarity
+        (after ``Q @ a``): True stops the solver there, ``(a, eta, iterations, False)`` returned.
+    start : float
+        Where in each variable's box the iterations start (a fraction of its width from its lower end; the split
+        coordinates' two parts alike).
 
     Returns
     -------
@@ -84,7 +95,9 @@ def solve_box_qp(Q: torch.Tensor, lin: torch.Tensor, kink: float, lo: torch.Tens
     if not bool(free.any()):
         return a, 0.0, 0, total is None or abs(float(a.sum()) - total) <= 1e-10 * max(1.0, float(a.abs().sum()))
     if bool(free.all()):  # the usual case: nothing to gather
-        return _mehrotra(Q, lin, float(kink), lo, hi, total, tol, probe, probe_tol)
+        return _mehrotra(Q, lin, float(kink), lo, hi, total, tol, probe, probe_tol, observe, start)
+    if not torch.is_tensor(Q) or observe is not None:
+        raise ValueError("solve_box_qp: an operator Q (or observe) needs lo < hi for every coordinate")
     idx = torch.nonzero(free).reshape(-1)
     fixed = torch.nonzero(~free).reshape(-1)
     rows = Q.index_select(0, idx)
@@ -169,12 +182,31 @@ def _direction(var: _Variables, L: "_Factor", ga, eta: float, s, z, curv, r_p: f
     return du, dv, d_eta, dz
 
 
-def _mehrotra(Q, lin, kink: float, lo, hi, total, tol: float, probe=None, probe_tol: float = 0.0):
-    """Mehrotra's predictor-corrector on the variables of :class:`_Variables` from the middle of their boxes; returns
-    ``(a, eta, iterations, converged)`` (``probe``: see :func:`solve_box_qp`)."""
+def _mehrotra(Q, lin, kink: float, lo, hi, total, tol: float, probe=None, probe_tol: float = 0.0, observe=None,
+              start: float = 0.5):
+    """Mehrotra's predictor-corrector (:func:`box_qp_iterates`) run to its end; returns ``(a, eta, iterations,
+    converged)`` (``probe``, ``observe``: see :func:`solve_box_qp`)."""
+    steps = box_qp_iterates(Q, lin, kink, lo, hi, total, tol=tol, probe=probe, probe_tol=probe_tol, start=start)
+    while True:
+        try:
+            it, a, eta, complementarity = next(steps)
+        except StopIteration as done:
+            return done.value
+        if observe is not None and observe(a, eta, complementarity):
+            steps.close()
+            return a, eta, it, False
+
+
+def box_qp_iterates(Q, lin: torch.Tensor, kink: float, lo: torch.Tensor, hi: torch.Tensor,
+                    total: Optional[float] = None, *, tol: float = COMPLEMENTARITY_TOL, probe=None,
+                    probe_tol: float = 0.0, start: float = 0.5):
+    """Mehrotra's predictor-corrector on the variables of :class:`_Variables` from ``start`` of their boxes, as a
+    generator: it yields ``(iteration, a, eta, relative complementarity)`` at every iterate (after ``Q @ a``; a caller
+    that stops iterating stops the solver there, so that several problems can advance in step) and returns ``(a, eta,
+    iterations, converged)``. The arguments are those of :func:`solve_box_qp`, with ``lo < hi`` everywhere."""
     m = lin.numel()
     var = _Variables(lo, hi, kink)
-    u, v = 0.5 * var.Wu, 0.5 * var.Wv
+    u, v = start * var.Wu, start * var.Wv
     z = [torch.ones_like(lo) for _ in range(4)]  # multipliers of u >= 0, u <= Wu, v >= 0, v <= Wv
     eta = 0.0
     scale = max(1.0, float(lin.abs().max()))
@@ -189,6 +221,7 @@ def _mehrotra(Q, lin, kink: float, lo, hi, total, tol: float, probe=None, probe_
         r_u = ga + eta + var.cost_u - z[0] + z[1]
         r_v = var.vmask * (-ga - eta + kink - z[2] + z[3])
         r_p = 0.0 if total is None else float(a.sum()) - total
+        yield it, a, eta, comp / max(1.0, abs(objective))
         if probe is not None and comp <= probe_tol * max(1.0, abs(objective)):
             if probe(a, eta):
                 return a, eta, it, True
@@ -273,8 +306,10 @@ class _Factor:
         return R - self.Q @ X - self.D.unsqueeze(1) * X
 
 
-def _factor(Q: torch.Tensor, D: torch.Tensor) -> Optional[_Factor]:
-    """The factor of ``Q + diag(D)``, or None when it cannot be factored."""
+def _factor(Q, D: torch.Tensor):
+    """The factor of ``Q + diag(D)`` (:class:`_Factor`, or the operator's own), or None when it cannot be factored."""
+    if not torch.is_tensor(Q):
+        return Q.factor(D)
     try:
         return _Factor(Q, D)
     except torch.linalg.LinAlgError:

@@ -805,22 +805,38 @@ def test_kinked_losses_on_nystrom_features_at_a_small_penalty_converge_to_cvxpy(
 
 
 def test_a_kinked_loss_stopped_at_falkons_default_maxiter_warns(fk, fopt):
-    """Falkon's default maxiter = 20 is enough Newton iterations for its own losses (squared: one CG run) but not for
-    the smoothing continuation of a kinked loss (it needs 30-180). Such a fit used to stop silently at a relative gap
-    of 1e-3 to 0.6; it now says so. A squared-loss fit stopped at maxiter does not warn (Falkon's early stop), nor
-    does a kinked one given the iterations it needs."""
+    """Falkon's default maxiter = 20 is enough Newton iterations for its own losses (squared: one CG run) and, since
+    the interior-point start, for the epsilon-insensitive, absolute and pinball losses at moderate penalties, but not
+    for the smoothing continuation that the hinge loss takes (penalty 1e-9 here). Such a fit used to stop
+    silently at a relative gap of 1e-3 to 0.6; it now says so. A squared-loss fit stopped at maxiter does not warn
+    (Falkon's early stop), nor does a kinked one given the iterations it needs."""
     from sklearn.exceptions import ConvergenceWarning
 
     X, Y = _toy(600, d=4, seed=1)
+    Y = torch.sign(Y)
     kern = fk.kernels.GaussianKernel(1.0, opt=fopt)
-    with pytest.warns(ConvergenceWarning, match=r"loss 'epsilon_insensitive' stopped at maxiter=20.*maxiter=300"):
-        m = JokerFalkon(kern, 1e-6, 100, seed=0, options=fopt, loss="epsilon_insensitive").fit(X, Y)
+    with pytest.warns(ConvergenceWarning, match=r"loss 'hinge' stopped at maxiter=20.*maxiter=300"):
+        m = JokerFalkon(kern, 1e-9, 100, seed=0, options=fopt, loss="hinge").fit(X, Y)
     assert m.status_ == "max_iter" and m.relative_gap_ > 1e-6
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         short = JokerFalkon(kern, 1e-6, 100, seed=0, options=fopt, maxiter=1, solver="dbcd_tr", block_size=50).fit(X, Y)
-        full = JokerFalkon(kern, 1e-6, 100, seed=0, options=fopt, loss="epsilon_insensitive", maxiter=300).fit(X, Y)
+        full = JokerFalkon(kern, 1e-9, 100, seed=0, options=fopt, loss="hinge", maxiter=300).fit(X, Y)
     assert short.status_ == "max_iter" and full.status_ == "converged"
+
+
+@pytest.mark.parametrize("loss", ["epsilon_insensitive", "absolute", "pinball"])
+def test_kinked_losses_converge_within_falkons_default_maxiter(fk, fopt, loss):
+    """The kinked losses whose boxes hold zero in their middle, at penalty 1e-6 (n = 600, M = 100): the
+    interior-point start ends the fit at its default tolerance (a relative duality gap of 1e-6) within Falkon's
+    default maxiter = 20, without a warning."""
+    X, Y = _toy(600, d=4, seed=1)
+    kern = fk.kernels.GaussianKernel(1.0, opt=fopt)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m = JokerFalkon(kern, 1e-6, 100, seed=0, options=fopt, loss=loss).fit(X, Y)
+    # the relative duality gap certifies the model against the optimum of the Nystrom problem
+    assert m.status_ == "converged" and m.n_iter_ <= 20 and 0 <= m.relative_gap_ <= 1e-6
 
 def test_hinge_loss_with_one_hot_targets(fk, fopt):
     """One-hot 0/1 targets with a margin loss are fitted one-vs-rest on -1/+1."""

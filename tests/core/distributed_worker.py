@@ -43,7 +43,7 @@ def fit_case(name: str, X, y, labels, *, distributed: bool):
         kernel = make_kernel("gaussian", 1.5)
         fmap = make_feature_map(kernel, M, seed=3)
         target = np.sign(y) if name != "squared" else y
-        opts = SolverOptions(tol=1e-12, max_iter=12 if name == "hinge" else 100)
+        opts = SolverOptions(tol=1e-12, max_iter=300)
         model = fit_dual(torch.from_numpy(X), torch.from_numpy(target), loss=get_loss(name),
                          c=torch.full((X.shape[0],), 4.0, dtype=torch.float64), kernel=kernel, feature_map=fmap,
                          options=opts, solver="newton", distributed=distributed)
