@@ -9,8 +9,9 @@ matrix, ``h = psi''(0)``)::
 Mehrotra's predictor-corrector (:func:`~joker_ext.interior_point.box_qp_iterates`) solves it in 10 to 20
 iterations, while the smoothing continuation takes 30 to 150 Newton iterations. Its first iterate is the middle of
 each box; where that does not lie near zero (the hinge loss's ``[0, C]``, :func:`worth_starting`) the engine does
-without it. Each iteration needs ``Q a`` (two products with the kept features) and two solves with ``Q + D`` (``D`` the barrier's
-diagonal), by the Woodbury identity through the ``M x M`` factor of ``I + Phi^T (D + h)^{-1} Phi``::
+without it. Each iteration needs ``Q a`` (two products with the kept features) and two solves with ``Q + D``
+(``D`` the barrier's diagonal), by the Woodbury identity through the ``M x M`` factor of
+``I + Phi^T (D + h)^{-1} Phi``::
 
     (Q + D)^{-1} r = E r - E Phi (I + Phi^T E Phi)^{-1} Phi^T E r,      E = (D + h)^{-1}
 

@@ -55,9 +55,7 @@ def _step_length(x: torch.Tensor, dx: torch.Tensor) -> float:
 def solve_box_qp(Q, lin: torch.Tensor, kink: float, lo: torch.Tensor, hi: torch.Tensor,
                  total: Optional[float] = None,
                  tol: float = COMPLEMENTARITY_TOL, probe: Optional[Callable[[torch.Tensor, float], bool]] = None,
-                 probe_tol: float = 0.0,
-                 observe: Optional[Callable[[torch.Tensor, float, float], bool]] = None,
-                 start: float = 0.5) -> Tuple[torch.Tensor, float, int, bool]:
+                 probe_tol: float = 0.0) -> Tuple[torch.Tensor, float, int, bool]:
     """Solve the box QP of the module docstring.
 
     Parameters
@@ -78,12 +76,6 @@ def solve_box_qp(Q, lin: torch.Tensor, kink: float, lo: torch.Tensor, hi: torch.
         ``probe(a, eta) -> bool``, called once, at the first iterate whose relative complementarity is at most
         ``probe_tol``: True stops the solver there (the caller has finished the problem from that iterate, e.g.
         by active-set steps from the sets it predicts), and ``(a, eta, iterations, True)`` is returned.
-    observe : callable, optional
-        ``observe(a, eta, complementarity) -> bool``, called at every iterate with its relative complementarity
-        (after ``Q @ a``): True stops the solver there, ``(a, eta, iterations, False)`` returned.
-    start : float
-        Where in each variable's box the iterations start (a fraction of its width from its lower end; the split
-        coordinates' two parts alike).
 
     Returns
     -------
@@ -95,9 +87,9 @@ def solve_box_qp(Q, lin: torch.Tensor, kink: float, lo: torch.Tensor, hi: torch.
     if not bool(free.any()):
         return a, 0.0, 0, total is None or abs(float(a.sum()) - total) <= 1e-10 * max(1.0, float(a.abs().sum()))
     if bool(free.all()):  # the usual case: nothing to gather
-        return _mehrotra(Q, lin, float(kink), lo, hi, total, tol, probe, probe_tol, observe, start)
-    if not torch.is_tensor(Q) or observe is not None:
-        raise ValueError("solve_box_qp: an operator Q (or observe) needs lo < hi for every coordinate")
+        return _mehrotra(Q, lin, float(kink), lo, hi, total, tol, probe, probe_tol)
+    if not torch.is_tensor(Q):
+        raise ValueError("solve_box_qp: an operator Q needs lo < hi for every coordinate")
     idx = torch.nonzero(free).reshape(-1)
     fixed = torch.nonzero(~free).reshape(-1)
     rows = Q.index_select(0, idx)
@@ -159,7 +151,8 @@ class _Variables:
         return _step_length(x, d)
 
 
-def _direction(var: _Variables, L: "_Factor", ga, eta: float, s, z, curv, r_p: float, total, target: float, products=None):
+def _direction(var: _Variables, L: "_Factor", ga, eta: float, s, z, curv, r_p: float, total, target: float,
+               products=None):
     """The Newton direction ``(du, dv, d_eta, dz)`` of the perturbed KKT system ``s z = target`` (minus the
     predictor's ``products`` ``ds dz`` in the corrector), through the factor ``L`` of ``Q + D``, bordered by
     ``1^T da = total - 1^T a`` when there is an intercept."""
@@ -182,28 +175,25 @@ def _direction(var: _Variables, L: "_Factor", ga, eta: float, s, z, curv, r_p: f
     return du, dv, d_eta, dz
 
 
-def _mehrotra(Q, lin, kink: float, lo, hi, total, tol: float, probe=None, probe_tol: float = 0.0, observe=None,
-              start: float = 0.5):
+def _mehrotra(Q, lin, kink: float, lo, hi, total, tol: float, probe=None, probe_tol: float = 0.0):
     """Mehrotra's predictor-corrector (:func:`box_qp_iterates`) run to its end; returns ``(a, eta, iterations,
-    converged)`` (``probe``, ``observe``: see :func:`solve_box_qp`)."""
-    steps = box_qp_iterates(Q, lin, kink, lo, hi, total, tol=tol, probe=probe, probe_tol=probe_tol, start=start)
+    converged)`` (``probe``: see :func:`solve_box_qp`)."""
+    steps = box_qp_iterates(Q, lin, kink, lo, hi, total, tol=tol, probe=probe, probe_tol=probe_tol)
     while True:
         try:
-            it, a, eta, complementarity = next(steps)
+            next(steps)
         except StopIteration as done:
             return done.value
-        if observe is not None and observe(a, eta, complementarity):
-            steps.close()
-            return a, eta, it, False
 
 
 def box_qp_iterates(Q, lin: torch.Tensor, kink: float, lo: torch.Tensor, hi: torch.Tensor,
                     total: Optional[float] = None, *, tol: float = COMPLEMENTARITY_TOL, probe=None,
                     probe_tol: float = 0.0, start: float = 0.5):
-    """Mehrotra's predictor-corrector on the variables of :class:`_Variables` from ``start`` of their boxes, as a
-    generator: it yields ``(iteration, a, eta, relative complementarity)`` at every iterate (after ``Q @ a``; a caller
-    that stops iterating stops the solver there, so that several problems can advance in step) and returns ``(a, eta,
-    iterations, converged)``. The arguments are those of :func:`solve_box_qp`, with ``lo < hi`` everywhere."""
+    """Mehrotra's predictor-corrector on the variables of :class:`_Variables`, as a generator: it yields ``(iteration,
+    a, eta, relative complementarity)`` at every iterate (after ``Q @ a``; a caller that stops iterating stops the
+    solver there, so that several problems can advance in step) and returns ``(a, eta, iterations, converged)``. The
+    arguments are those of :func:`solve_box_qp`, with ``lo < hi`` everywhere; the iterations start at ``start`` of
+    each variable's box (a fraction of its width from its lower end; a split coordinate's two parts alike)."""
     m = lin.numel()
     var = _Variables(lo, hi, kink)
     u, v = start * var.Wu, start * var.Wv

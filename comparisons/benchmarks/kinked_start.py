@@ -80,8 +80,8 @@ def main(argv=None) -> None:
             for penalty in penalties:
                 short = [_fit(loss, penalty, M, sigma, data, 20, s) for s in (True, False)]
                 full = [_fit(loss, penalty, M, sigma, data, 1000, s) for s in (True, False)]
-                print(f"{n:<5d} {M:<4d} {loss:20s} {penalty:.0e} | "
-                      f"{short[0]['gap']:.1e} {short[0]['error']:.4f} / {short[1]['gap']:.1e} {short[1]['error']:.4f} | "
+                at20 = " / ".join(f"{r['gap']:.1e} {r['error']:.4f}" for r in short)
+                print(f"{n:<5d} {M:<4d} {loss:20s} {penalty:.0e} | {at20} | "
                       f"{full[0]['iterations']} {full[0]['seconds']:.2f} s ({full[0]['status']}) / "
                       f"{full[1]['iterations']} {full[1]['seconds']:.2f} s ({full[1]['status']}), "
                       f"{full[0]['seconds'] / full[1]['seconds']:.2f}x", flush=True)

@@ -39,8 +39,8 @@ def _gram(op, loss, Y, h):
 
 @pytest.mark.parametrize("kind", ["nystrom", "random"])
 def test_feature_gram_products_and_solves_are_those_of_the_dense_matrix(kind):
-    """``diag(Phi Phi^T)``, ``Q @ a`` and the Woodbury solve of ``(Q + D) x = r`` (through the kept features and the M x M factor) equal
-    the formed ``Q = Phi Phi^T + diag(h)`` and ``torch.linalg.solve`` on it."""
+    """``diag(Phi Phi^T)``, ``Q @ a`` and the Woodbury solve of ``(Q + D) x = r`` (through the kept features and the
+    M x M factor) equal the formed ``Q = Phi Phi^T + diag(h)`` and ``torch.linalg.solve`` on it."""
     loss, Xt, Y, fmap, op = _setup(kind)
     n = Xt.shape[0]
     g = torch.Generator().manual_seed(1)
