@@ -135,6 +135,7 @@ def snap(a, grad, diag, lo, hi, kink: float) -> torch.Tensor:
     (``grad`` the gradient of the smooth part, ``diag`` the diagonal of ``Q``): coordinates it takes to a bound
     sit at that bound, those it takes to the kink at zero, the others (free) keep their value. At an optimum the
     prediction is its own active sets whatever the step; near one, those of every coordinate not degenerate."""
+    diag = diag.clamp_min(torch.finfo(diag.dtype).tiny)  # (a row whose features all vanish: its step is a bound)
     step = a - grad / diag
     if kink:
         step = torch.sign(step) * (step.abs() - kink / diag).clamp_min(0.0)
