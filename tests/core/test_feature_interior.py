@@ -119,3 +119,29 @@ def test_boxes_far_from_zero_keep_the_continuation(quantile, monkeypatch):
     Phi = fmap(Xt)
     assert res.primal == pytest.approx(cvxpy_primal(name, (Phi @ Phi.T).numpy(), Y[:, 0].numpy(), c.numpy()),
                                        rel=1e-8)
+
+
+def test_a_gram_that_cannot_be_factored_is_retried_with_a_lower_cap():
+    """Where ``I + Phi^T E Phi`` cannot be factored, ``E`` is capped 100x lower and factored again: the solve is then
+    that of the capped system, ``(Phi Phi^T + max(D + h, floor))^{-1}`` formed densely."""
+    loss, Xt, Y, fmap, op = _setup("random")
+    n = Xt.shape[0]
+    h = torch.zeros(n, dtype=F64)
+    gram, _ = _gram(op, loss, Y, h)
+    factor = gram.gram_factor
+    calls = []
+
+    def fails_once(w):
+        calls.append(float(w.max()))
+        return None if len(calls) == 1 else factor(w)
+
+    gram.gram_factor = fails_once
+    D = torch.full((n,), 1e-14, dtype=F64)  # below the floor: E is capped
+    R = torch.randn(n, 1, generator=torch.Generator().manual_seed(2), dtype=F64)
+    x = gram.factor(D).solve(R)
+    assert len(calls) == 2 and calls[1] == pytest.approx(calls[0] / 100.0)
+    Phi = fmap(Xt)
+    capped = torch.full((n,), 100.0 * gram.floor, dtype=F64)
+    # (a capped E of 1e7 / mean diag costs the Woodbury form a few digits: 4e-6 relative here)
+    ref = torch.linalg.solve(Phi @ Phi.T + torch.diag(capped), R)
+    assert float((x - ref).norm() / ref.norm()) <= 1e-4
