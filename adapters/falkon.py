@@ -773,9 +773,9 @@ class JokerFalkon(_FalkonFace):
         (n = 3000, M = 500). Absolute, epsilon-insensitive and pinball (quantiles 0.25-0.75) first take an
         interior-point solve of their dual where the features fit ``newton_cache`` (n M numbers up to 256 MB),
         which ends most fits within 20 (20 of 24 settings at n = 2000-5000, penalties 1e-5 to 1e-8, in 11-18
-        iterations; ``python -m joker_ext.comparisons.benchmarks.kinked_start``). A fit stopped at ``maxiter`` far from its tol ends with ``status_ == 'max_iter'``
-        (``relative_gap_`` says how far it got) and a ConvergenceWarning, which Falkon's own losses never raise:
-        give them ``maxiter=300``.
+        iterations; ``python -m joker_ext.comparisons.benchmarks.kinked_start``). A fit stopped at ``maxiter`` far
+        from its tol ends with ``status_ == 'max_iter'`` (``relative_gap_`` says how far it got) and a
+        ConvergenceWarning, which Falkon's own losses never raise: give them ``maxiter=300``.
         With ``solver='dbcd_tr'`` ``maxiter`` counts epochs as described next. ``solver_`` holds the engine
         used.
     maxiter : int, default 20

@@ -107,7 +107,7 @@ from .defaults import (CONVERT_SPLIT, EXACT_HESSIAN_MAX_FEATURES, IN_PLACE_BLOCK
 from .dense import cholesky_ex, cholesky_solve
 from .distributed import SingleProcess, local_positions
 from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag
-from .feature_interior import DIVERGED, FINISH_FROM, ColumnSolve, FeatureGram, worth_starting
+from .feature_interior import DIVERGED, FINISH_FROM, ColumnSolve, FeatureGram, worth_starting, zero_inside
 from .features import NystromFeatureMap, RandomFeatureMap
 from .losses import Loss
 from .memory import is_out_of_memory, keeps_features, plan_newton
@@ -604,10 +604,15 @@ class _Passes:
         return {"F": F, "A": A, "W": W, "grad": beta - PhiTA, "primal": primal, "dual": dual, "share": share}
 
     def transpose_product(self, A: torch.Tensor) -> torch.Tensor:
-        """``Phi^T A`` in the internal basis and the solver dtype, summed over the processes (one pass)."""
+        """``Phi^T A`` in the internal basis and the solver dtype, summed over the processes (one pass: over the kept
+        features once they are all kept in the solver dtype, the same chunks and numbers, else computing them)."""
         acc = torch.zeros(self.M, A.shape[1], dtype=self.dtype, device=self.device)
-        for start, stop, Xc in self.chunks(self.grad_rows):
-            G = self.basis.raw(Xc, out=self.buffer(stop - start, self.pass_dtype)).to(self.dtype)
+        if self._cache_full and not self.low:
+            chunks = self._cached
+        else:
+            chunks = ((start, stop, self.basis.raw(Xc, out=self.buffer(stop - start, self.pass_dtype)).to(self.dtype))
+                      for start, stop, Xc in self.chunks(self.grad_rows))
+        for start, stop, G in chunks:
             acc.addmm_(G.T, A[start:stop])
         self.passes += 1
         return self.basis.left(self.shards.sum_(acc))
@@ -673,14 +678,6 @@ class _Passes:
             out[start:stop] = G @ Vt
         self.passes += 1
         return out
-
-    def kept_transpose(self, A: torch.Tensor) -> torch.Tensor:
-        """``Phi^T A`` in the internal basis (n x k -> M x k) from the kept features."""
-        acc = torch.zeros(self.M, A.shape[1], dtype=self.dtype, device=self.device)
-        for start, stop, G in self._product_features():
-            acc.addmm_(G.T, A[start:stop].to(G.dtype))
-        self.passes += 1
-        return self.basis.left(acc)
 
     def feature_norms(self) -> torch.Tensor:
         """``|phi_i|^2`` for every row (the diagonal of ``Phi Phi^T``), from the kept features."""
@@ -1010,9 +1007,7 @@ def _finish(passes: "_Passes", loss: Loss, Y, c_col, beta, center, g: dict, smoo
     lo, hi = loss.box(Y, c_col)
     target, h = Y - loss.psi_grad(zeros, Y, c_col), loss.psi_hess(zeros, Y, c_col)
     kink = float(loss.kink)
-    free = (center > lo) & (center < hi)
-    if kink:
-        free &= center != 0
+    free = _free_coordinates(center, lo, hi, kink)
     sizes = free.sum(0)
     tried = (sizes > 0) & (sizes <= passes.M)
     if not bool(tried.any()):
@@ -1037,11 +1032,17 @@ def _finish(passes: "_Passes", loss: Loss, Y, c_col, beta, center, g: dict, smoo
     return torch.where(better, beta_new, beta), torch.where(better, center_new, center), None
 
 
+def _free_coordinates(a, lo, hi, kink: float) -> torch.Tensor:
+    """Which coordinates of the dual point ``a`` are free: strictly inside their box and, with a kink, off it."""
+    free = (a > lo) & (a < hi)
+    return free & (a != 0) if kink else free
+
+
 def _fix_excess(a, lo, hi, kink: float, most: int):
     """``a`` with at most ``most`` free coordinates: beyond, those nearest (relative to their box's width) to a bound or
     to the kink inside the box are fixed there (an interior-point iterate near the solution holds a few degenerate
     coordinates, at a bound and on the margin, among its free ones; the finishing step's system has room for ``M``)."""
-    free = (a > lo) & (a < hi) & ((a != 0) if kink else True)
+    free = _free_coordinates(a, lo, hi, kink)
     excess = int(free.sum()) - most
     if excess <= 0:
         return a
@@ -1069,6 +1070,8 @@ def _interior_start(passes: "_Passes", loss: Loss, Y, c_col, tol: float, record)
     n, T = Y.shape
     zeros = torch.zeros_like(Y)
     lo, hi = loss.box(Y, c_col)
+    if not zero_inside(lo, hi):  # (the hinge loss: ruled out before the pass that diag(Phi Phi^T) costs)
+        return None
     diag = passes.feature_norms()
     if not worth_starting(lo, hi, diag):
         return None
@@ -1090,10 +1093,10 @@ def _interior_start(passes: "_Passes", loss: Loss, Y, c_col, tol: float, record)
         """The finishing step on the sets of ``snapped``; True (and the column set to its point) when its duality gap
         meets ``tol``."""
         snapped = _fix_excess(snapped, lo[:, t], hi[:, t], kink, passes.M)
-        free = (snapped > lo[:, t]) & (snapped < hi[:, t]) & ((snapped != 0) if kink else True)
+        free = _free_coordinates(snapped, lo[:, t], hi[:, t], kink)
         if not 0 < int(free.sum()) <= passes.M:
             return False
-        fixed = passes.kept_transpose(torch.where(free, torch.zeros_like(snapped), snapped).unsqueeze(1))[:, 0]
+        fixed = passes.transpose_product(torch.where(free, torch.zeros_like(snapped), snapped).unsqueeze(1))[:, 0]
         point = _active_set_point(passes, snapped, free, (lo[:, t], hi[:, t], lin[:, t], h[:, t]), fixed, kink)
         if point is None:
             return False
@@ -1105,7 +1108,7 @@ def _interior_start(passes: "_Passes", loss: Loss, Y, c_col, tol: float, record)
         return True
 
     # every open column advances by one iterate per iteration of the fit
-    runs = [ColumnSolve(FeatureGram(passes.kept_product, passes.kept_transpose, passes.gram_factor, h[:, t], diag),
+    runs = [ColumnSolve(FeatureGram(passes.kept_product, passes.transpose_product, passes.gram_factor, h[:, t], diag),
                         lin[:, t], kink, lo[:, t], hi[:, t], diag) for t in range(T)]
     open_, finished = list(range(T)), set()
     best = [(math.inf, None)] * T  # each column's smallest relative gap and its iterate

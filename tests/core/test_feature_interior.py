@@ -34,7 +34,7 @@ def _setup(kind: str, name: str = "hinge", n: int = 400, M: int = 30, seed: int 
 def _gram(op, loss, Y, h):
     passes = _Passes(op, Y, loss, torch.ones_like(Y), SingleProcess(), cache=True)
     norms = passes.feature_norms()
-    return FeatureGram(passes.kept_product, passes.kept_transpose, passes.gram_factor, h, norms), norms
+    return FeatureGram(passes.kept_product, passes.transpose_product, passes.gram_factor, h, norms), norms
 
 
 @pytest.mark.parametrize("kind", ["nystrom", "random"])
