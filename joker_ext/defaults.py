@@ -14,10 +14,10 @@ import math
 
 import torch
 
-__all__ = ["PRECISION_TOL", "ROUNDING_GAP", "WORKING_SET_DTYPE", "FILL_ELEMENTS", "IN_PLACE_BLOCK", "PRACTICAL_TOL",
+__all__ = ["PRECISION_TOL", "ROUNDING_GAP", "WORKING_SET_DTYPE", "FILL_ELEMENTS", "IN_PLACE_BLOCK", "TEST_MATRIX_BLOCK", "PRACTICAL_TOL",
            "CONVERGENCE_WARN_GAP", "CONVERT_SPLIT", "STREAM_BYTES", "FEATURE_CACHE_BYTES",
            "EXACT_HESSIAN_MAX_FEATURES", "KINKED_HESSIAN_MAX_FEATURES",
-           "CHUNK_ROWS",
+           "CHUNK_ROWS", "GPU_NEWTON_WORKSPACE",
            "BLOCK_SIZE", "LARGE_N_BLOCK_SIZE", "LARGE_N", "LOGISTIC_BLOCK_SIZE", "MIN_BLOCK_ITERATIONS", "BLOCK_EPOCHS",
            "GRAM_MAX", "DIRECT_MAX", "SINGULAR_DIRECT_MAX", "CAUCHY_FACTORS", "SEARCH_FACTORS",
            "CAUCHY_CANDIDATES", "SEARCH_CANDIDATES", "precision_tol", "default_block_size",
@@ -48,11 +48,16 @@ FILL_ELEMENTS = 2**21
 #: :func:`joker_ext.memory.estimate_fit_memory`).
 IN_PLACE_BLOCK = 2**22
 
-#: On the CPU, the feature Newton engine's gradient pass converts its float32 features to a float64 solver's dtype in
-#: this many blocks per chunk, and its sketch reads the sample in chunks of half the gradient pass's rows (measured,
+#: Elements of each block in which the feature Newton engine's one-buffer sketch draws its Gaussian test matrix,
+#: and draws it again (:meth:`joker_ext.primal_newton.NystromPreconditioner.sketch`, ``two_pass``; 8 MB in float64).
+TEST_MATRIX_BLOCK = 2**20
+
+#: The feature Newton engine's gradient pass converts its float32 features to a float64 solver's dtype in this many
+#: blocks per chunk, and its sketch reads the sample in chunks of half the gradient pass's rows (measured on the CPU,
 #: float32 features of a float64 fit, n = 100,000, M = 5000: peak 450 -> 311 MB from the sketch's chunks, -> 209 MB
 #: from the conversion's blocks, at the same fit time and result). On a GPU, where a pass of small blocks is bound
-#: by launching its kernels, the conversion takes whole chunks.
+#: by launching its kernels, only the two products go block by block (each converting the block again); the
+#: loss's row-wise steps take the whole chunk.
 CONVERT_SPLIT = 4
 
 #: The feature Newton engine copies inputs that are not resident on its device in spans of about this many bytes,
@@ -83,6 +88,12 @@ EXACT_HESSIAN_MAX_FEATURES = 1024
 #: in 54 s; random features n = 15,000, hinge, C = 1: M = 2048 57.3 -> 17.2 s, M = 4096 epsilon-insensitive more
 #: than 300 s -> 157 s.
 KINKED_HESSIAN_MAX_FEATURES = 4096
+
+#: On a GPU, where no memory budget is given, the feature Newton engine keeps its working memory (the
+#: preconditioner's sketch and factor, the passes' chunks, the inputs' copy) within this many bytes beyond its
+#: O(n) state and model, when its default rank and chunks would take more
+#: (:func:`joker_ext.primal_newton.default_budget`).
+GPU_NEWTON_WORKSPACE = 224 * 2**20
 
 #: Relative gap at which front ends that stop at a practical accuracy stop: the harness's joker backends and
 #: JokerFalkon's Newton engines at Falkon's default ``cg_tolerance``. For the squared loss a gap ``g`` puts the

@@ -33,7 +33,7 @@ import torch
 
 from .defaults import (CAUCHY_CANDIDATES, CHUNK_ROWS, CONVERT_SPLIT, DIRECT_MAX, EXACT_HESSIAN_MAX_FEATURES,
                        FEATURE_CACHE_BYTES, FILL_ELEMENTS, GRAM_MAX, IN_PLACE_BLOCK, KINKED_HESSIAN_MAX_FEATURES,
-                       SEARCH_CANDIDATES, STREAM_BYTES, WORKING_SET_DTYPE)
+                       SEARCH_CANDIDATES, STREAM_BYTES, TEST_MATRIX_BLOCK, WORKING_SET_DTYPE)
 from .engines import DEFAULT_EXACT_MEMORY, WORKING_SET_SIZE, needs_smoothing_loss
 from .operators import block_model
 
@@ -186,8 +186,11 @@ def estimate_fit_memory(n: int, d: int, T: int = 1, *, n_features: Optional[int]
                                                          cache, newton_cache)
             passes   = r M s + max(r M s / 2, [r M s / c if p != s] + r M p / 2)   (the pass chunk of r s / p
                        rows and X W of a Hessian pass; the gradient pass's copy in the solver dtype, c =
-                       CONVERT_SPLIT on the CPU, 1 on a GPU, and its X W)
-            sketch   = B M k s + q M (s + 1.5 p) + q k s (B = 4 on the CPU (SVD), 2 on a GPU; q = r / 2)
+                       CONVERT_SPLIT, and its X W)
+            sketch   = B M k s + q M (s + 1.5 p) + q k s (B = 4 on the CPU (SVD), 2 on a GPU, 1 + max(n_s + b, b') / M
+                       on a GPU where the n_s sketch rows are fewer than M and 4 k <= M, b = TEST_MATRIX_BLOCK / k,
+                       b' = IN_PLACE_BLOCK / k;
+                       q = r / 2)
             U        = M k s,        model = (M T + d M + 8 M T) s
     """
     b = max(1, min(block_size, n))
@@ -221,16 +224,23 @@ def estimate_fit_memory(n: int, d: int, T: int = 1, *, n_features: Optional[int]
         per_row = n * (NEWTON_ROW_VECTORS * T + 1) * itemsize + span + cache
         # a pass: its feature chunk (r s / p rows of p bytes, kept between passes) and the product X W of its rows;
         # the gradient pass's chunk of r rows also has its copy in the solver dtype (a CONVERT_SPLIT-th of it at a
-        # time on the CPU), freed at the pass's end
-        copy = 0 if p == itemsize else (r * M * itemsize if gpu else max(1, r // CONVERT_SPLIT) * M * itemsize)
+        # time), freed at the pass's end
+        copy = 0 if p == itemsize else max(1, r // CONVERT_SPLIT) * M * itemsize
         passes = r * M * itemsize + max(r * M * itemsize // 2, copy + r * M * p // 2)
         q = max(1, r // 2)  # the sketch's sample chunk
         # while the sketch accumulates: the test matrix and the sketch (the SVD's factor and workspace too on the
-        # CPU; on a GPU the row-wise maps' block comes after the test matrix is freed), and a sample chunk: its
-        # features in the pass dtype, the product X W and their copy in the solver dtype, times the test matrix
-        buffers = max(2 * M * rank, M * rank + IN_PLACE_BLOCK) if gpu else SKETCH_BUFFERS * M * rank
-        sketch = buffers * itemsize + q * M * (itemsize + p + p // 2) + q * rank * itemsize \
-            + min(int(newton_sketch_rows), n) * 8
+        # CPU; on a GPU the row-wise maps' block comes after the test matrix is freed, or, where the sample has
+        # fewer rows than M, one of the two, the sample's products with the test matrix and a block of it), and
+        # a sample chunk: its features in the pass dtype, the product X W and their copy in the solver dtype,
+        # times the test matrix
+        n_s = min(int(newton_sketch_rows), n)
+        if gpu and n_s < M and 4 * rank <= M:  # the one-buffer sketch (NystromPreconditioner.sketch's two_pass)
+            buffers = M * rank + max(n_s * rank + TEST_MATRIX_BLOCK, IN_PLACE_BLOCK)
+        elif gpu:
+            buffers = max(2 * M * rank, M * rank + IN_PLACE_BLOCK)
+        else:
+            buffers = SKETCH_BUFFERS * M * rank
+        sketch = buffers * itemsize + q * M * (itemsize + p + p // 2) + q * rank * itemsize + n_s * 8
         factor = M * rank * itemsize
         # the formed Hessian (primal_newton.ExactHessian) instead of the sketch, where the engine may form it: its
         # M x M sum and factor, and a chunk of weighted features (counted where it may, whatever newton_rank asked)

@@ -21,7 +21,7 @@ from .losses import Loss
 from .engines import default_max_iter as default_engine_iter, get_solver, resolve_solver, supports_intercept
 from .intercept import fit_intercept_search
 from .memory import parse_memory, plan_blocks
-from .primal_newton import plan_memory
+from .primal_newton import default_budget, plan_memory
 from .operators import ExactOperator, FeatureOperator
 from .solver import SolverOptions, SolverResult
 
@@ -125,9 +125,11 @@ def fit_dual(
         Memory budget ('2GB', bytes) of this process's device: block size and chunk rows (DBCD-TR) or the
         preconditioner's rank and the chunk rows (feature Newton with random features,
         :func:`joker_ext.memory.plan_newton`) are
-        chosen so that the estimate of :func:`joker_ext.memory.estimate_fit_memory` fits. Independently of
-        it, a block that runs out of memory is halved (with a warning) and the fit continues from the last
-        consistent iterate.
+        chosen so that the estimate of :func:`joker_ext.memory.estimate_fit_memory` fits. None: no budget,
+        except that the feature Newton engine on a GPU (one process, no ``newton_rank`` given) keeps its working
+        memory within :data:`joker_ext.defaults.GPU_NEWTON_WORKSPACE` of its O(n) state
+        (:func:`joker_ext.primal_newton.default_budget`). Independently of it, a block that runs out of memory
+        is halved (with a warning) and the fit continues from the last consistent iterate.
     checkpoint_path, checkpoint_every : optional
         Write a solver checkpoint to ``checkpoint_path`` every ``checkpoint_every`` iterations (atomic).
     solver : str
@@ -223,10 +225,16 @@ def fit_dual(
         opts = replace(opts, block_size=b)
         op.chunk_rows = rows
     planned = {}
-    if max_memory is not None and name == "newton" and not isinstance(feature_map, NystromFeatureMap):
-        # (Nystrom features take Falkon's M x M preconditioner, sized by M alone: nothing to plan)
+    # (Nystrom features take Falkon's M x M preconditioner, sized by M alone: nothing to plan)
+    newton_budget = None
+    if name == "newton" and not isinstance(feature_map, NystromFeatureMap):
+        newton_budget = max_memory
+        if newton_budget is None and opts.newton_rank is None and not shards.distributed:
+            newton_budget = default_budget(feature_map, data.n, data.d, T=Yd.shape[1], dtype=dtype, device=device,
+                                           chunk_rows=op.chunk_rows, sketch_rows=opts.newton_sketch_rows)
+    if newton_budget is not None:
         rank, rows, resident = plan_memory(feature_map, data.n, data.d, opts.newton_rank, T=Yd.shape[1],
-                                           dtype=dtype, device=device, max_memory=max_memory,
+                                           dtype=dtype, device=device, max_memory=newton_budget,
                                            chunk_rows=op.chunk_rows, sketch_rows=opts.newton_sketch_rows)
         op.chunk_rows = rows
         opts = replace(opts, newton_rank=rank, newton_resident=resident and opts.newton_resident is not False,

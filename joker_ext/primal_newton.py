@@ -102,20 +102,20 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .defaults import (CONVERT_SPLIT, EXACT_HESSIAN_MAX_FEATURES, IN_PLACE_BLOCK, KINKED_HESSIAN_MAX_FEATURES,
-                       STREAM_BYTES)
+from .defaults import (CONVERT_SPLIT, EXACT_HESSIAN_MAX_FEATURES, GPU_NEWTON_WORKSPACE, IN_PLACE_BLOCK,
+                       KINKED_HESSIAN_MAX_FEATURES, STREAM_BYTES, TEST_MATRIX_BLOCK)
 from .dense import cholesky_ex, cholesky_solve
 from .distributed import SingleProcess, local_positions
 from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag
 from .feature_interior import DIVERGED, FINISH_FROM, ColumnSolve, FeatureGram, worth_starting, zero_inside
 from .features import NystromFeatureMap, RandomFeatureMap
 from .losses import Loss
-from .memory import is_out_of_memory, keeps_features, plan_newton
+from .memory import estimate_fit_memory, is_out_of_memory, keeps_features, plan_newton
 from .smoothing import Continuation, needs_smoothing
 from .solver import SolverOptions, SolverResult
 
 __all__ = ["feature_newton", "NystromPreconditioner", "default_rank", "default_sketch_rows", "pass_dtype",
-           "plan_memory"]
+           "plan_memory", "default_budget"]
 
 ARMIJO = 1e-4
 MAX_HALVINGS = 40
@@ -196,6 +196,26 @@ def plan_memory(feature_map, n: int, d: int, rank: Optional[int] = None, *, T: i
     return k, r, resident
 
 
+def default_budget(feature_map, n: int, d: int, *, T: int = 1, dtype: torch.dtype = torch.float64, device="cpu",
+                   chunk_rows: int, sketch_rows: Optional[int] = None) -> Optional[int]:
+    """The memory budget (bytes) of a fit given none: on a GPU, the fit's O(n) state and model plus
+    :data:`~joker_ext.defaults.GPU_NEWTON_WORKSPACE`, where the default rank, ``chunk_rows`` and the resident
+    inputs and kept features of :func:`feature_newton` (:func:`joker_ext.memory.estimate_fit_memory`) need
+    more; else None (no plan: the defaults as they are; always on the CPU)."""
+    if torch.device(device).type == "cpu":
+        return None
+    M = feature_map.n_features
+    rank = min(M, default_rank(M, device))
+    p = torch.finfo(pass_dtype(feature_map, dtype, device)).bits // 8
+    common = dict(n_features=M, chunk_rows=chunk_rows, itemsize=torch.finfo(dtype).bits // 8, solver="newton",
+                  newton_rank=rank, newton_sketch_rows=sketch_rows or default_sketch_rows(n, rank),
+                  pass_itemsize=p, device=device)
+    state = estimate_fit_memory(n, d, T, resident=False, newton_cache=False, **common)
+    budget = state.per_row + state.model + GPU_NEWTON_WORKSPACE
+    unplanned = estimate_fit_memory(n, d, T, resident=n * d * p <= RESIDENT_BYTES, **common)
+    return budget if unplanned.total > budget else None
+
+
 class NystromPreconditioner:
     """``P ~ I + Phi^T W Phi`` from a randomized Nystrom sketch of rank ``r`` (see the module docstring).
 
@@ -211,7 +231,7 @@ class NystromPreconditioner:
     @classmethod
     def sketch(cls, feature_rows, w: torch.Tensor, n_features: int, rank: int, scale: float,
                generator: torch.Generator, *, right=None, left=None, store_dtype=None,
-               svd: Optional[bool] = None, reduce=None) -> "NystromPreconditioner":
+               svd: Optional[bool] = None, reduce=None, two_pass: Optional[bool] = None) -> "NystromPreconditioner":
         """``feature_rows()`` yields ``(rows, G_rows)`` over the sample, ``w`` the sample's curvatures.
 
         ``reduce(acc)`` (in place), when given, sums the sketch ``Phi_S^T W_S Phi_S Omega`` over the
@@ -227,41 +247,46 @@ class NystromPreconditioner:
         taken through the eigen-decomposition of its ``r x r`` Gram matrix (cheap on a GPU, where an SVD
         of an ``M x r`` matrix is not); every eigenvalue kept is above the shift ``nu``, far above that
         route's rounding error (``svd=None``: on a GPU; on the CPU the SVD of the ``M x r`` matrix).
+
         Memory: two ``M x r`` buffers at the peak (the test matrix and the sketch; the triangular solve and
-        the factor overwrite the sketch row block by row block), plus the SVD's on the CPU.
+        the factor overwrite the sketch row block by row block), plus the SVD's on the CPU. ``two_pass``
+        (default: on a GPU, where the sample's second pass is cheap, when the sample has fewer rows than
+        ``M``, the test matrix is not orthonormalised and ``T = I``) holds one: the test matrix, drawn in
+        row blocks, gives ``P = Phi_S Omega`` (``n_s x r``) and goes; a second pass over the sample sums
+        ``Phi_S^T W_S P``; the blocks are drawn again, from the generator's saved state, where the shift
+        and ``Omega^T Y`` need them.
         """
         dtype, device = w.dtype, w.device
         gdev = generator.device if isinstance(generator, torch.Generator) else torch.device("cpu")
-        omega = torch.randn(n_features, rank, generator=generator, dtype=torch.float64, device=gdev)
-        if 4 * rank > n_features:  # not r << M: a Gaussian matrix is then ill-conditioned, orthonormalise (cheap)
-            omega = torch.linalg.qr(omega.to(device=device, dtype=dtype)).Q
+        orthonormal = 4 * rank > n_features  # not r << M: a Gaussian matrix is then ill-conditioned (QR, cheap)
+        if two_pass is None:
+            two_pass = device.type != "cpu" and w.numel() < n_features
+        two_pass = two_pass and not orthonormal and right is None
+        if two_pass:
+            Ysk, omega_blocks, work = cls._two_pass_sketch(feature_rows, w, n_features, rank, generator, gdev)
         else:
-            omega = omega.to(device=device, dtype=dtype).mul_(1.0 / math.sqrt(n_features))
-        Om = omega if right is None else right(omega)
-        acc = torch.zeros(n_features, rank, dtype=dtype, device=device)
-        work = None
-        for rows, G in feature_rows():
-            if work is None:
-                work = G.dtype
-                Om = Om.to(work)  # no copy when the rows come in the solver dtype
-            P = G @ Om
-            P.mul_(w[rows].to(work).unsqueeze(1))
-            if G.dtype == acc.dtype:
-                acc.addmm_(G.T, P)
+            omega = torch.randn(n_features, rank, generator=generator, dtype=torch.float64, device=gdev)
+            if orthonormal:
+                omega = torch.linalg.qr(omega.to(device=device, dtype=dtype)).Q
             else:
-                acc.add_(G.T @ P)
-            del P, G  # (the loop variable would hold this chunk while the next one is evaluated)
-        del Om
+                omega = omega.to(device=device, dtype=dtype).mul_(1.0 / math.sqrt(n_features))
+            Ysk, work = cls._one_pass_sketch(feature_rows, w, omega, right)
         if reduce is not None:
-            reduce(acc)
-        Ysk = acc if left is None else left(acc)
-        del acc
+            reduce(Ysk)
+        if left is not None:
+            Ysk = left(Ysk)
         Ysk.mul_(scale)
         eps = torch.finfo(work if work is not None else dtype).eps
         nu = math.sqrt(n_features) * eps * float(Ysk.norm().clamp_min(torch.finfo(dtype).tiny))
-        Ysk.add_(omega, alpha=nu)
-        core = omega.T @ Ysk
-        del omega
+        if two_pass:
+            core = torch.zeros(rank, rank, dtype=dtype, device=device)
+            for lo, hi, block in omega_blocks():
+                Ysk[lo:hi].add_(block, alpha=nu)
+                core.addmm_(block.T, Ysk[lo:hi])
+        else:
+            Ysk.add_(omega, alpha=nu)
+            core = omega.T @ Ysk
+            del omega
         L, info = cholesky_ex(0.5 * (core + core.T))
         store = store_dtype or dtype
         if int(info) != 0:  # numerically rank-deficient sketch: fall back to the identity preconditioner
@@ -282,6 +307,58 @@ class NystromPreconditioner:
             U = _rows_in_place(B, lambda rows: rows @ factor)  # U = B V S^{-1}, in the same buffer
         lam = (S2 - nu).clamp_min(0)
         return cls(U.to(store), lam)
+
+    @staticmethod
+    def _one_pass_sketch(feature_rows, w: torch.Tensor, omega: torch.Tensor, right):
+        """``(Phi_S^T W_S Phi_S Omega, dtype of the features)`` in one pass over the sample (``T = right``)."""
+        Om = omega if right is None else right(omega)
+        acc = torch.zeros_like(omega)
+        work = None
+        for rows, G in feature_rows():
+            if work is None:
+                work = G.dtype
+                Om = Om.to(work)  # no copy when the rows come in the solver dtype
+            P = G @ Om
+            P.mul_(w[rows].to(work).unsqueeze(1))
+            if G.dtype == acc.dtype:
+                acc.addmm_(G.T, P)
+            else:
+                acc.add_(G.T @ P)
+            del P, G  # (the loop variable would hold this chunk while the next one is evaluated)
+        return acc, work
+
+    @staticmethod
+    def _two_pass_sketch(feature_rows, w: torch.Tensor, n_features: int, rank: int, generator, gdev):
+        """``(Phi_S^T W_S Phi_S Omega, omega_blocks, dtype of the features)`` with one ``M x r`` buffer at a time
+        (:meth:`sketch`'s ``two_pass``); ``omega_blocks()`` yields ``(lo, hi, Omega[lo:hi])`` again, the same
+        numbers, from the generator's state before the first draw."""
+        dtype, device = w.dtype, w.device
+        start = generator.get_state()
+        step = max(1, TEST_MATRIX_BLOCK // rank)
+
+        def omega_blocks():
+            generator.set_state(start)
+            for lo in range(0, n_features, step):
+                hi = min(lo + step, n_features)
+                block = torch.randn(hi - lo, rank, generator=generator, dtype=torch.float64, device=gdev)
+                yield lo, hi, block.to(device=device, dtype=dtype).mul_(1.0 / math.sqrt(n_features))
+
+        omega = torch.empty(n_features, rank, dtype=dtype, device=device)
+        for lo, hi, block in omega_blocks():
+            omega[lo:hi] = block
+        P = torch.empty(w.numel(), rank, dtype=dtype, device=device)
+        work = None
+        for rows, G in feature_rows():
+            work = G.dtype
+            P[rows] = (G @ omega.to(work)).to(dtype)
+            del G
+        del omega
+        P.mul_(w.unsqueeze(1))
+        acc = torch.zeros(n_features, rank, dtype=dtype, device=device)
+        for rows, G in feature_rows():
+            acc.addmm_(G.T.to(dtype), P[rows])
+            del G
+        return acc, omega_blocks, work
 
     def apply(self, R: torch.Tensor) -> torch.Tensor:
         """``P^{-1} R`` for one column ``R`` (M,)."""
@@ -506,9 +583,8 @@ class _Passes:
         base = max(1, int(operator.chunk_rows))
         self.rows = max(1, base * torch.finfo(self.dtype).bits // torch.finfo(self.pass_dtype).bits)
         self.grad_rows = base
-        # the gradient pass's copy of its features in the solver dtype, a quarter of its chunk at a time on the
-        # CPU (a GPU pass of small blocks is bound by launching its kernels)
-        self.convert_rows = base if self.device.type == "cuda" else max(1, base // CONVERT_SPLIT)
+        # the gradient pass's copy of its features in the solver dtype, a quarter of its chunk at a time
+        self.convert_rows = max(1, base // CONVERT_SPLIT)
         self.X = None if resident is False else self._resident()
         self.passes = 0
         self._buffers = {}
@@ -572,21 +648,28 @@ class _Passes:
         A, W = torch.empty_like(F), torch.empty_like(F)
         acc = torch.zeros_like(beta)
         bt = self.basis.right(beta)
+        def dual_rows(lo, hi):  # a*, w of rows lo:hi from F
+            Fs = F[lo:hi] if shift is None else F[lo:hi] - shift[lo:hi]
+            A[lo:hi], W[lo:hi] = self.loss.smoothed_dual(Fs, self.Y[lo:hi], self.c[lo:hi], smoothing)
+
         for start, stop, Xc in self.chunks(self.grad_rows):
             G = self.basis.raw(Xc, out=self.buffer(stop - start, self.pass_dtype))
-            # features in another dtype go to the solver's in blocks of convert_rows rows
-            step = G.shape[0] if G.dtype == beta.dtype else self.convert_rows
-            for s0 in range(0, G.shape[0], step):
-                Gs = G[s0:s0 + step]
-                if Gs.dtype != beta.dtype:
-                    Gs = self.buffer(Gs.shape[0], beta.dtype).copy_(Gs)
-                lo, hi = start + s0, start + s0 + Gs.shape[0]
-                Fc = Gs @ bt
-                F[lo:hi] = Fc
-                Fs = Fc if shift is None else Fc - shift[lo:hi]
-                a, w = self.loss.smoothed_dual(Fs, self.Y[lo:hi], self.c[lo:hi], smoothing)
-                A[lo:hi], W[lo:hi] = a, w
-                acc.addmm_(Gs.T, a)
+            if G.dtype == beta.dtype or self.device.type == "cpu":
+                # each block of convert_rows rows (features in another dtype) goes through all the steps
+                step = G.shape[0] if G.dtype == beta.dtype else self.convert_rows
+                for s0, Gs in self._in_solver_dtype(G, step):
+                    lo, hi = start + s0, start + s0 + Gs.shape[0]
+                    F[lo:hi] = Gs @ bt
+                    dual_rows(lo, hi)
+                    acc.addmm_(Gs.T, A[lo:hi])
+            else:
+                # on a GPU the row-wise steps take the whole chunk (a pass of small blocks is bound by launching
+                # their kernels): the two products each convert the chunk again, a block at a time
+                for s0, Gs in self._in_solver_dtype(G, self.convert_rows):
+                    F[start + s0:start + s0 + Gs.shape[0]] = Gs @ bt
+                dual_rows(start, stop)
+                for s0, Gs in self._in_solver_dtype(G, self.convert_rows):
+                    acc.addmm_(Gs.T, A[start + s0:start + s0 + Gs.shape[0]])
             del G, Gs
         if self.low:  # the copy in the solver dtype goes: the Hessian passes, most of a fit, do without it
             self._buffers.pop(beta.dtype, None)
@@ -602,6 +685,13 @@ class _Passes:
         primal = 0.5 * (beta * beta).sum(0) + loss_terms
         dual = 0.5 * (PhiTA * PhiTA).sum(0) + conj_terms
         return {"F": F, "A": A, "W": W, "grad": beta - PhiTA, "primal": primal, "dual": dual, "share": share}
+
+    def _in_solver_dtype(self, G: torch.Tensor, step: int):
+        """Yields ``(s0, G[s0:s0 + step])`` in the solver dtype (copied into a reused workspace when ``G`` is in
+        another)."""
+        for s0 in range(0, G.shape[0], step):
+            Gs = G[s0:s0 + step]
+            yield s0, Gs if Gs.dtype == self.dtype else self.buffer(Gs.shape[0], self.dtype).copy_(Gs)
 
     def transpose_product(self, A: torch.Tensor) -> torch.Tensor:
         """``Phi^T A`` in the internal basis and the solver dtype, summed over the processes (one pass: over the kept

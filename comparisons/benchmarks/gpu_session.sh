@@ -37,8 +37,8 @@ export PYTHONPATH=/tmp/joker_pkg
 #    two test folders' conftest modules share a name, so one pytest run each
 cd /tmp
 say "CUDA tests"
-timeout $(( $(left) / 3 )) python3 -m pytest -q -p no:cacheprovider -k cuda "$ROOT/tests/core/test_cuda.py" \
-    "$ROOT/tests/core/test_memory.py" -rs 2>&1 | tee "$OUT/cuda_tests.log" | tail -25
+timeout $(( $(left) / 4 )) python3 -m pytest -q -p no:cacheprovider -k "cuda or gpu" "$ROOT/tests/core/test_cuda.py" \
+    "$ROOT/tests/core/test_memory.py" -rs -s 2>&1 | tee "$OUT/cuda_tests.log" | grep -v "^\.*$" | tail -25
 timeout 60 python3 -m pytest -q -p no:cacheprovider -k cuda "$ROOT/tests/comparisons/test_solvers.py" -rs 2>&1 \
     | tee "$OUT/cuda_tests_solvers.log" | tail -8
 

@@ -820,10 +820,13 @@ def test_callback_sees_the_converged_model(solver, name, features):
 
 @pytest.mark.parametrize("svd", [True, False])
 @pytest.mark.parametrize("block", [2**22, 700])  # one block; blocks of 7 rows (M = 300, r = 100) for the in-place maps
-def test_nystrom_preconditioner_is_exact_on_a_low_rank_hessian(svd, block, monkeypatch):
-    """With ``Phi^T W Phi`` of rank 20 below the sketch's rank 100, the randomized Nystrom approximation is exact, so
+@pytest.mark.parametrize("two_pass", [False, True])
+def test_nystrom_preconditioner_is_exact_on_a_low_rank_hessian(svd, block, two_pass, monkeypatch):
+    """With ``Phi^T W Phi`` of rank 20 below the sketch's rank, the randomized Nystrom approximation is exact, so
     the preconditioner's inverse is ``(I + Phi^T W Phi)^{-1}`` itself (checked against a dense solve), through the
-    CPU's SVD and the GPU's eigen route alike, whatever the row blocks of the in-place triangular solve and factor."""
+    CPU's SVD and the GPU's eigen route alike, whatever the row blocks of the in-place triangular solve and factor,
+    and with the GPU's one-buffer sketch (``two_pass``: rank 60, a Gaussian test matrix drawn in blocks of 7 or
+    all rows, drawn again for the shift and the core)."""
     import joker_ext.primal_newton as pn
 
     monkeypatch.setattr(pn, "IN_PLACE_BLOCK", block)
@@ -837,7 +840,10 @@ def test_nystrom_preconditioner_is_exact_on_a_low_rank_hessian(svd, block, monke
         for s in range(0, n, 128):
             yield torch.arange(s, min(s + 128, n)), Phi[s:s + 128]
 
-    P = pn.NystromPreconditioner.sketch(rows, w, M, 100, 1.0, torch.Generator().manual_seed(1), svd=svd)
+    rank = 60 if two_pass else 100  # (two passes draw a Gaussian test matrix: 4 r <= M)
+    P = pn.NystromPreconditioner.sketch(rows, w, M, rank, 1.0, torch.Generator().manual_seed(1), svd=svd,
+                                        two_pass=two_pass)
+    assert P.U.shape == (M, rank)
     v = torch.randn(M, generator=g, dtype=F64)
     torch.testing.assert_close(P.apply(v), torch.linalg.solve(H, v), rtol=1e-7, atol=1e-9)
 

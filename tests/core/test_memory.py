@@ -218,6 +218,63 @@ def test_max_memory_plans_the_newton_fit_which_reaches_the_same_optimum():
     assert float((m.beta - beta).norm() / beta.norm()) < 1e-5  # a relative gap of 1e-12: about 1e-6
 
 
+def test_default_budget_plans_only_large_gpu_fits_and_leaves_the_workspace_to_them():
+    """No budget given: the CPU and a small GPU fit keep their defaults (None); a GPU fit of 200,000 rows and
+    20,000 float32 features gets its O(n) state plus GPU_NEWTON_WORKSPACE, which the planned rank, chunks and
+    streamed inputs fit."""
+    from joker_ext.defaults import GPU_NEWTON_WORKSPACE
+    from joker_ext.primal_newton import default_budget, plan_memory
+
+    kernel = GaussianKernel(1.0)
+    small = make_feature_map(kernel, 500, seed=0, compute_dtype=torch.float32)
+    large = make_feature_map(kernel, 20_000, seed=0, compute_dtype=torch.float32)
+    kw = dict(dtype=torch.float64, chunk_rows=838)
+    assert default_budget(large, 200_000, 25, device="cpu", **kw) is None
+    assert default_budget(small, 2000, 25, device="cuda", **kw) is None
+    budget = default_budget(large, 200_000, 25, device="cuda", **kw)
+    n_vectors = 200_000 * 13 * 8  # (12 T + 1) n-vectors of float64
+    assert n_vectors + GPU_NEWTON_WORKSPACE < budget < n_vectors + GPU_NEWTON_WORKSPACE + 32 * 2**20
+    rank, rows, resident = plan_memory(large, 200_000, 25, device="cuda", max_memory=budget, **kw)
+    est = estimate_fit_memory(200_000, 25, n_features=20_000, chunk_rows=rows, itemsize=8, solver="newton",
+                              newton_rank=rank, newton_sketch_rows=default_sketch_rows(200_000, rank),
+                              pass_itemsize=4, device="cuda", resident=resident, newton_cache=False)
+    assert est.total <= budget and rank < default_rank(20_000, "cuda") and not resident
+
+
+def test_fit_without_a_budget_takes_the_default_budget_plan(monkeypatch):
+    """fit_dual plans the Newton fit for default_budget's answer when no max_memory is given (a CPU stand-in for
+    the GPU's budget), and reaches the same optimum (the closed form of the feature-space ridge regression)."""
+    import joker_ext.model as model
+
+    monkeypatch.setattr(model, "default_budget", lambda *a, **k: 12 * 2**20)
+    X, y = make_regression(n=6000, d=5)
+    kernel = GaussianKernel(1.0)
+    fmap = make_feature_map(kernel, 600, seed=0)
+    Xt, Y = torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1)
+    m = fit_dual(Xt, Y, loss=get_loss("squared"), c=torch.full((6000,), 10.0, dtype=torch.float64), kernel=kernel,
+                 feature_map=fmap, solver="newton", options=SolverOptions(tol=1e-12, max_iter=20), chunk_rows=4096)
+    assert m.extra["newton_rank"] < default_rank(600, "cpu") and m.extra["chunk_rows"] < 4096
+    Phi = fmap(Xt)
+    beta = torch.linalg.solve(Phi.T @ Phi + torch.eye(600, dtype=torch.float64) / 10.0, Phi.T @ Y)
+    assert m.result.status == "converged" and float((m.beta - beta).norm() / beta.norm()) < 1e-5
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
+def test_gpu_sketch_on_fewer_rows_than_features_is_within_its_estimate():
+    """On a GPU, a sketch sampled on fewer rows than M holds one M x r buffer (NystromPreconditioner.sketch's
+    two_pass): the measured peak stays below the GPU estimate, which counts one."""
+    spec = dict(FITS["newton features"], n=20_000, n_features=20_000, chunk_rows=256, device="cuda")
+    rank = default_rank(spec["n_features"], "cuda")
+    sketch_rows = default_sketch_rows(spec["n"], rank)
+    assert sketch_rows < spec["n_features"] and 4 * rank <= spec["n_features"]
+    est = estimate_fit_memory(spec["n"], spec["d"], n_features=spec["n_features"], chunk_rows=512, itemsize=8,
+                              solver="newton", newton_rank=rank, newton_sketch_rows=sketch_rows, device="cuda",
+                              loss=get_loss("logistic")).total
+    peak = measure_peak(spec)
+    print(f"two-pass sketch [cuda]: measured {peak / 2**20:.1f} MB, estimate {est / 2**20:.1f} MB")
+    assert peak <= est <= FACTOR * peak
+
+
 class FlakyFeatures:
     """A feature map that runs out of memory on blocks larger than ``limit`` rows."""
 
