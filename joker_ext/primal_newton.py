@@ -201,7 +201,8 @@ def default_budget(feature_map, n: int, d: int, *, T: int = 1, dtype: torch.dtyp
     """The memory budget (bytes) of a fit given none: on a GPU, the fit's O(n) state and model plus
     :data:`~joker_ext.defaults.GPU_NEWTON_WORKSPACE`, where the default rank, ``chunk_rows`` and the resident
     inputs and kept features of :func:`feature_newton` (:func:`joker_ext.memory.estimate_fit_memory`) need
-    more; else None (no plan: the defaults as they are; always on the CPU)."""
+    more; else None (no plan: the defaults as they are; always on the CPU, and where even the smallest rank and
+    chunks would not fit that budget)."""
     if torch.device(device).type == "cpu":
         return None
     M = feature_map.n_features
@@ -213,7 +214,14 @@ def default_budget(feature_map, n: int, d: int, *, T: int = 1, dtype: torch.dtyp
     state = estimate_fit_memory(n, d, T, resident=False, newton_cache=False, **common)
     budget = state.per_row + state.model + GPU_NEWTON_WORKSPACE
     unplanned = estimate_fit_memory(n, d, T, resident=n * d * p <= RESIDENT_BYTES, **common)
-    return budget if unplanned.total > budget else None
+    if unplanned.total <= budget:
+        return None
+    try:
+        plan_memory(feature_map, n, d, T=T, dtype=dtype, device=device, max_memory=budget, chunk_rows=chunk_rows,
+                    sketch_rows=sketch_rows)
+    except ValueError:
+        return None
+    return budget
 
 
 class NystromPreconditioner:

@@ -239,6 +239,8 @@ def test_default_budget_plans_only_large_gpu_fits_and_leaves_the_workspace_to_th
                               newton_rank=rank, newton_sketch_rows=default_sketch_rows(200_000, rank),
                               pass_itemsize=4, device="cuda", resident=resident, newton_cache=False)
     assert est.total <= budget and rank < default_rank(20_000, "cuda") and not resident
+    # a million features: even rank 64 and chunks of 64 rows need more than the workspace; no plan, no error
+    assert default_budget(make_feature_map(kernel, 10**6, seed=0), 200_000, 25, device="cuda", **kw) is None
 
 
 def test_fit_without_a_budget_takes_the_default_budget_plan(monkeypatch):
