@@ -227,7 +227,7 @@ def fit_dual(
     planned = {}
     # (Nystrom features take Falkon's M x M preconditioner, sized by M alone: nothing to plan)
     newton_budget = None
-    if name == "newton" and not isinstance(feature_map, NystromFeatureMap):
+    if name == "newton" and feature_map is not None and not isinstance(feature_map, NystromFeatureMap):
         newton_budget = max_memory
         if newton_budget is None and opts.newton_rank is None and not shards.distributed:
             newton_budget = default_budget(feature_map, data.n, data.d, T=Yd.shape[1], dtype=dtype, device=device,
