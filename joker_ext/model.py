@@ -126,8 +126,9 @@ def fit_dual(
         preconditioner's rank and the chunk rows (feature Newton with random features,
         :func:`joker_ext.memory.plan_newton`) are
         chosen so that the estimate of :func:`joker_ext.memory.estimate_fit_memory` fits. None: no budget,
-        except that the feature Newton engine on a GPU (one process, no ``newton_rank`` given) keeps its working
-        memory within :data:`joker_ext.defaults.GPU_NEWTON_WORKSPACE` of its O(n) state
+        except that the feature Newton engine on a GPU (one process, no ``newton_rank`` given, more than 4,096
+        features) keeps its working memory within :data:`joker_ext.defaults.GPU_NEWTON_WORKSPACE` of its O(n)
+        state
         (:func:`joker_ext.primal_newton.default_budget`). Independently of it, a block that runs out of memory
         is halved (with a warning) and the fit continues from the last consistent iterate.
     checkpoint_path, checkpoint_every : optional

@@ -201,11 +201,13 @@ def default_budget(feature_map, n: int, d: int, *, T: int = 1, dtype: torch.dtyp
     """The memory budget (bytes) of a fit given none: on a GPU, the fit's O(n) state and model plus
     :data:`~joker_ext.defaults.GPU_NEWTON_WORKSPACE`, where the default rank, ``chunk_rows`` and the resident
     inputs and kept features of :func:`feature_newton` (:func:`joker_ext.memory.estimate_fit_memory`) need
-    more; else None (no plan: the defaults as they are; always on the CPU, and where even the smallest rank and
-    chunks would not fit that budget)."""
-    if torch.device(device).type == "cpu":
-        return None
+    more; else None (no plan: the defaults as they are). Always None on the CPU, up to
+    :data:`~joker_ext.defaults.KINKED_HESSIAN_MAX_FEATURES` features (where the engine may form its ``M x M``
+    Hessian instead of the sketch, and keep its features for the kinked losses' interior-point start: a planned
+    rank would switch both off), and where even the smallest rank and chunks would not fit that budget."""
     M = feature_map.n_features
+    if torch.device(device).type == "cpu" or M <= KINKED_HESSIAN_MAX_FEATURES:
+        return None
     rank = min(M, default_rank(M, device))
     p = torch.finfo(pass_dtype(feature_map, dtype, device)).bits // 8
     common = dict(n_features=M, chunk_rows=chunk_rows, itemsize=torch.finfo(dtype).bits // 8, solver="newton",

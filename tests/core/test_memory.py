@@ -219,18 +219,20 @@ def test_max_memory_plans_the_newton_fit_which_reaches_the_same_optimum():
 
 
 def test_default_budget_plans_only_large_gpu_fits_and_leaves_the_workspace_to_them():
-    """No budget given: the CPU and a small GPU fit keep their defaults (None); a GPU fit of 200,000 rows and
-    20,000 float32 features gets its O(n) state plus GPU_NEWTON_WORKSPACE, which the planned rank, chunks and
-    streamed inputs fit."""
-    from joker_ext.defaults import GPU_NEWTON_WORKSPACE
+    """No budget given: the CPU, a small GPU fit and one whose M x M Hessian the engine may form (M = 4096) keep
+    their defaults (None); a GPU fit of 200,000 rows and 20,000 float32 features gets its O(n) state plus
+    GPU_NEWTON_WORKSPACE, which the planned rank, chunks and streamed inputs fit."""
+    from joker_ext.defaults import GPU_NEWTON_WORKSPACE, KINKED_HESSIAN_MAX_FEATURES
     from joker_ext.primal_newton import default_budget, plan_memory
 
     kernel = GaussianKernel(1.0)
     small = make_feature_map(kernel, 500, seed=0, compute_dtype=torch.float32)
+    formed = make_feature_map(kernel, KINKED_HESSIAN_MAX_FEATURES, seed=0, compute_dtype=torch.float32)
     large = make_feature_map(kernel, 20_000, seed=0, compute_dtype=torch.float32)
     kw = dict(dtype=torch.float64, chunk_rows=838)
     assert default_budget(large, 200_000, 25, device="cpu", **kw) is None
     assert default_budget(small, 2000, 25, device="cuda", **kw) is None
+    assert default_budget(formed, 1_000_000, 25, device="cuda", **kw) is None
     budget = default_budget(large, 200_000, 25, device="cuda", **kw)
     n_vectors = 200_000 * 13 * 8  # (12 T + 1) n-vectors of float64
     assert n_vectors + GPU_NEWTON_WORKSPACE < budget < n_vectors + GPU_NEWTON_WORKSPACE + 32 * 2**20
