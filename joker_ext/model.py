@@ -128,9 +128,8 @@ def fit_dual(
         chosen so that the estimate of :func:`joker_ext.memory.estimate_fit_memory` fits. None: no budget,
         except that the feature Newton engine on a GPU (one process, no ``newton_rank`` given, more than 4,096
         features) keeps its working memory within :data:`joker_ext.defaults.GPU_NEWTON_WORKSPACE` of its O(n)
-        state
-        (:func:`joker_ext.primal_newton.default_budget`). Independently of it, a block that runs out of memory
-        is halved (with a warning) and the fit continues from the last consistent iterate.
+        state (:func:`joker_ext.primal_newton.default_budget`). Independently of it, a block that runs out of
+        memory is halved (with a warning) and the fit continues from the last consistent iterate.
     checkpoint_path, checkpoint_every : optional
         Write a solver checkpoint to ``checkpoint_path`` every ``checkpoint_every`` iterations (atomic).
     solver : str

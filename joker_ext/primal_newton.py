@@ -360,7 +360,7 @@ class NystromPreconditioner:
         work = None
         for rows, G in feature_rows():
             work = G.dtype
-            P[rows] = (G @ omega.to(work)).to(dtype)
+            P[rows] = G.to(dtype) @ omega  # (the chunk, not the test matrix, goes to the solver dtype)
             del G
         del omega
         P.mul_(w.unsqueeze(1))
@@ -593,8 +593,10 @@ class _Passes:
         base = max(1, int(operator.chunk_rows))
         self.rows = max(1, base * torch.finfo(self.dtype).bits // torch.finfo(self.pass_dtype).bits)
         self.grad_rows = base
-        # the gradient pass's copy of its features in the solver dtype, a quarter of its chunk at a time
+        # the gradient pass's copy of its features in the solver dtype, a quarter of its chunk at a time; on a GPU
+        # the loss's row-wise steps take the whole chunk (a pass of small blocks is bound by launching kernels)
         self.convert_rows = max(1, base // CONVERT_SPLIT)
+        self.whole_chunk_duals = self.device.type != "cpu"
         self.X = None if resident is False else self._resident()
         self.passes = 0
         self._buffers = {}
@@ -664,7 +666,7 @@ class _Passes:
 
         for start, stop, Xc in self.chunks(self.grad_rows):
             G = self.basis.raw(Xc, out=self.buffer(stop - start, self.pass_dtype))
-            if G.dtype == beta.dtype or self.device.type == "cpu":
+            if G.dtype == beta.dtype or not self.whole_chunk_duals:
                 # each block of convert_rows rows (features in another dtype) goes through all the steps
                 step = G.shape[0] if G.dtype == beta.dtype else self.convert_rows
                 for s0, Gs in self._in_solver_dtype(G, step):
@@ -672,9 +674,7 @@ class _Passes:
                     F[lo:hi] = Gs @ bt
                     dual_rows(lo, hi)
                     acc.addmm_(Gs.T, A[lo:hi])
-            else:
-                # on a GPU the row-wise steps take the whole chunk (a pass of small blocks is bound by launching
-                # their kernels): the two products each convert the chunk again, a block at a time
+            else:  # the two products each convert the chunk, a block at a time
                 for s0, Gs in self._in_solver_dtype(G, self.convert_rows):
                     F[start + s0:start + s0 + Gs.shape[0]] = Gs @ bt
                 dual_rows(start, stop)

@@ -818,6 +818,33 @@ def test_callback_sees_the_converged_model(solver, name, features):
     torch.testing.assert_close(seen[-1], m.result.alpha, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("name", ["logistic", "hinge"])
+def test_gradient_pass_of_float32_features_does_not_depend_on_its_blocking(name):
+    """The gradient pass of float32 features in a float64 fit, its loss steps block by block (the CPU's way) or on
+    whole chunks with each product converting the chunk again (a GPU's way), gives the same predictions, dual
+    point, gradient and gap terms (to float64 rounding), and its predictions are the float64 products of the
+    float32 features (against the map evaluated densely)."""
+    from joker_ext.distributed import SingleProcess
+    from joker_ext.primal_newton import _Passes
+
+    loss, X, y = _problem(name, n=700, seed=2)
+    Xt = torch.as_tensor(X, dtype=torch.float32)
+    fmap = make_feature_map(GaussianKernel(1.0), 96, seed=0, compute_dtype=torch.float32)
+    Y = torch.as_tensor(y, dtype=F64).reshape(-1, 1)
+    c = torch.full((700, 1), 3.0, dtype=F64)
+    beta = torch.randn(96, 1, generator=torch.Generator().manual_seed(3), dtype=F64)
+    out = {}
+    for whole in (False, True):
+        op = FeatureOperator(fmap, BlockData(Xt, F64, torch.device("cpu")), chunk_rows=128)
+        passes = _Passes(op, Y, loss, c, SingleProcess())
+        assert passes.low and passes.convert_rows < passes.grad_rows
+        passes.whole_chunk_duals = whole
+        out[whole] = passes.gradient(passes.basis.to_internal(beta), 0.1)
+    for key in ("F", "A", "W", "grad", "primal", "dual", "share"):
+        torch.testing.assert_close(out[True][key], out[False][key], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(out[True]["F"], fmap(Xt).to(F64) @ beta, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("svd", [True, False])
 @pytest.mark.parametrize("block", [2**22, 700])  # one block; blocks of 7 rows (M = 300, r = 100) for the in-place maps
 @pytest.mark.parametrize("two_pass", [False, True])
