@@ -804,14 +804,18 @@ def test_kinked_losses_on_nystrom_features_at_a_small_penalty_converge_to_cvxpy(
     assert 0.5 * float(beta @ beta) + C * float(loss_m.sum()) == pytest.approx(prob.value, rel=1e-7)
 
 
-def test_a_kinked_loss_stopped_at_falkons_default_maxiter_warns(fk, fopt):
-    """Falkon's default maxiter = 20 is enough Newton iterations for its own losses (squared: one CG run) and, since
-    the interior-point start, for the epsilon-insensitive, absolute and pinball losses at moderate penalties, but not
-    for the smoothing continuation that the hinge loss takes (penalty 1e-9 here). Such a fit used to stop
-    silently at a relative gap of 1e-3 to 0.6; it now says so. A squared-loss fit stopped at maxiter does not warn
-    (Falkon's early stop), nor does a kinked one given the iterations it needs."""
+def test_a_kinked_loss_stopped_at_falkons_default_maxiter_warns(fk, fopt, monkeypatch):
+    """Falkon's default maxiter = 20 is enough Newton iterations for its own losses (squared: one CG run) and, with
+    the kinked losses' starts (the interior point, the working set), for the epsilon-insensitive, absolute, pinball
+    and hinge losses, but not for the smoothing continuation alone (the hinge loss at penalty 1e-9 here, its start
+    switched off). Such a fit used to stop silently at a relative gap of 1e-3 to 0.6; it now says so. A squared-loss
+    fit stopped at maxiter does not warn (Falkon's early stop), nor does a kinked one given the iterations it
+    needs."""
     from sklearn.exceptions import ConvergenceWarning
 
+    import joker_ext.primal_newton as pn
+
+    monkeypatch.setattr(pn, "_working_set_start", lambda *args: None)
     X, Y = _toy(600, d=4, seed=1)
     Y = torch.sign(Y)
     kern = fk.kernels.GaussianKernel(1.0, opt=fopt)
@@ -837,6 +841,33 @@ def test_kinked_losses_converge_within_falkons_default_maxiter(fk, fopt, loss):
         m = JokerFalkon(kern, 1e-6, 100, seed=0, options=fopt, loss=loss).fit(X, Y)
     # the relative duality gap certifies the model against the optimum of the Nystrom problem
     assert m.status_ == "converged" and m.n_iter_ <= 20 and 0 <= m.relative_gap_ <= 1e-6
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_hinge_loss_converges_within_falkons_default_maxiter(fk, fopt, dtype):
+    """The hinge loss at penalty 1e-9 (n = 600, M = 100), where the smoothing continuation alone stops at maxiter = 20
+    (the test above): the working-set engine on the features' linear kernel ends the fit at its default tolerance
+    within Falkon's default maxiter, without a warning, at cvxpy's optimum on the same features (float32: the same
+    side of the margin on the training points; at C = 1.7e6 its rounding alone moves the primal by percents)."""
+    cp = pytest.importorskip("cvxpy")
+    X, Y = _toy(600, d=4, seed=1)
+    X, Y = X.to(dtype), torch.sign(Y).to(dtype)
+    kern = fk.kernels.GaussianKernel(1.0, opt=fopt)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m = JokerFalkon(kern, 1e-9, 100, seed=0, options=fopt, loss="hinge").fit(X, Y)
+    assert m.status_ == "converged" and m.n_iter_ <= 20 and 0 <= m.relative_gap_ <= 1e-6
+    P, y = m.feature_map_(X).double().numpy(), Y[:, 0].double().numpy()
+    C = 1.0 / (600 * 1e-9)
+    b = cp.Variable(P.shape[1])
+    prob = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(b) + C * cp.sum(cp.pos(1 - cp.multiply(y, P @ b)))))
+    prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
+    beta = m.model_.beta[:, 0].double().numpy()
+    if dtype == torch.float32:
+        assert np.mean(np.sign(P @ beta) == np.sign(P @ b.value)) >= 0.97
+        return
+    value = 0.5 * float(beta @ beta) + C * float(np.maximum(1 - y * (P @ beta), 0).sum())
+    assert value == pytest.approx(prob.value, rel=1e-6)
+
 
 def test_hinge_loss_with_one_hot_targets(fk, fopt):
     """One-hot 0/1 targets with a margin loss are fitted one-vs-rest on -1/+1."""

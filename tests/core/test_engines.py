@@ -186,14 +186,15 @@ def test_feature_newton_exact_hessian_takes_one_cg_step_per_newton_step_to_cvxpy
     with a default rank of 8, below M): the Newton systems take the Hessian itself (:class:`ExactHessian`, formed in
     one pass), so every Newton step is one gradient pass, one pass forming the matrix and one CG product (two when
     the preconditioned residual rounds off). Against the rank-8 sketch on a sample of rows and against cvxpy on the
-    same features. (The Newton steps alone: the kinked losses' interior-point start, which would end these fits, is
-    tested in test_feature_interior.py.)"""
+    same features. (The Newton steps alone: the kinked losses' starts, which would end these fits, are tested in
+    test_feature_interior.py and below.)"""
     cp = pytest.importorskip("cvxpy")
     import joker_ext.primal_newton as pn
     from joker_ext.features import RandomFeatureMap
 
     monkeypatch.setattr(pn, "default_rank", lambda n_features, device=None: min(n_features, 8))
     monkeypatch.setattr(pn, "worth_starting", lambda *args: False)
+    monkeypatch.setattr(pn, "_working_set_start", lambda *args: None)
 
     X, y = make_regression(n=600, seed=8)
     if loss == "hinge":
@@ -219,6 +220,29 @@ def test_feature_newton_exact_hessian_takes_one_cg_step_per_newton_step_to_cvxpy
     for exact in (fits[M], fits[None]):
         passes_per_step = exact.history[-1]["passes"] / exact.n_iter
         assert passes_per_step <= 4.0 < sketch.history[-1]["passes"] / sketch.n_iter
+
+
+def test_hinge_on_kept_features_is_solved_by_the_working_set_start_to_cvxpys_optimum():
+    """The hinge loss on kept features (two target columns, unequal sample costs, C up to 1e4): the working-set
+    engine on the features' linear kernel ends the fit in one iteration of the Newton engine at cvxpy's optimum of
+    each column, where the continuation alone needs tens of Newton iterations."""
+    cp = pytest.importorskip("cvxpy")
+    X, y = make_regression(n=500, seed=3)
+    Y = torch.as_tensor(np.stack([np.where(y > np.median(y), 1.0, -1.0), np.where(X[:, 0] > 0.2, 1.0, -1.0)], 1))
+    c = torch.as_tensor(np.where(np.arange(500) % 3 == 0, 1e4, 30.0))
+    fmap = make_feature_map(GaussianKernel(1.0), 60, seed=2)
+    op = FeatureOperator(fmap, BlockData(torch.as_tensor(X), F64, torch.device("cpu")), chunk_rows=128)
+    res = feature_newton(op, Y, get_loss("hinge"), c, SolverOptions(max_iter=20, tol=1e-10))
+    assert res.status == "converged" and res.n_iter == 1 and res.rel_gap <= 1e-10
+    Phi = fmap(torch.as_tensor(X)).numpy()
+    for t in range(2):
+        b = cp.Variable(60)
+        prob = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(b)
+                                      + cp.sum(cp.multiply(c.numpy(), cp.pos(1 - cp.multiply(Y[:, t].numpy(), Phi @ b))))))
+        prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-11, tol_gap_rel=1e-11, tol_feas=1e-11)
+        beta = res.state["beta"][:, t].numpy()
+        value = 0.5 * beta @ beta + float((c.numpy() * np.maximum(1 - Y[:, t].numpy() * (Phi @ beta), 0)).sum())
+        assert value == pytest.approx(prob.value, rel=1e-8)
 
 
 @pytest.mark.parametrize("name", KINKED)

@@ -102,10 +102,10 @@ def test_kinked_fits_from_the_interior_point_end_at_the_cvxpy_optimum_within_twe
 
 
 @pytest.mark.parametrize("quantile", [None, 0.9])
-def test_boxes_far_from_zero_keep_the_continuation(quantile, monkeypatch):
+def test_boxes_far_from_zero_take_the_working_set_start(quantile, monkeypatch):
     """The hinge loss's boxes ``[0, C]`` (and the pinball loss's at quantile 0.9) would start the interior point far
-    from zero, where it was measured to cost more iterations than it saves: the fit is the continuation's from its
-    first record (smoothing > 0), and still reaches cvxpy's optimum."""
+    from zero, where it was measured to cost more iterations than it saves: the working-set engine on the features'
+    linear kernel solves the fit instead, in one iteration of the fit (no smoothing), at cvxpy's optimum."""
     pytest.importorskip("cvxpy")
     import conftest
 
@@ -115,7 +115,7 @@ def test_boxes_far_from_zero_keep_the_continuation(quantile, monkeypatch):
     loss, Xt, Y, fmap, op = _setup("random", name, n=600, M=40)
     c = torch.full((600,), 10.0, dtype=F64)
     res = feature_newton(op, Y, loss, c, SolverOptions(max_iter=300, tol=1e-10))
-    assert res.status == "converged" and res.history[0]["smoothing"] > 0.0
+    assert res.status == "converged" and res.n_iter == 1 and res.history[-1]["smoothing"] == 0.0
     Phi = fmap(Xt)
     assert res.primal == pytest.approx(cvxpy_primal(name, (Phi @ Phi.T).numpy(), Y[:, 0].numpy(), c.numpy()),
                                        rel=1e-8)
