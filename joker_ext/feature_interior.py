@@ -123,7 +123,7 @@ def worth_starting(lo, hi, diag) -> bool:
     penalty 1e-5: 11 / 14 against 27 / 25; but n = 3000, M = 300, penalty 1e-5: 174 against 53, and n = 4000,
     M = 1000, penalty 1e-7: 807 against 219, with poorer models at 20 iterations (test error 0.082 against 0.063,
     0.083 against 0.059); n = 5000 at penalty 1e-8 (``C / 2 = 10,000``): 0.16 against 0.07 at 20 iterations. So
-    the hinge loss keeps the continuation."""
+    the hinge loss takes the working-set start (:func:`joker_ext.primal_newton._working_set_start`) instead."""
     middle = 0.5 * (lo + hi)
     return zero_inside(lo, hi) and float(middle.abs().max()) * float(diag.mean()) <= MIDDLE_MAX
 
