@@ -784,18 +784,23 @@ class _Passes:
         self.passes += 1
         return out
 
+    def _kept_transposed(self):
+        """Yields ``(start, stop, Phi[start:stop]^T)`` (``M x rows``, the internal basis, the solver dtype) over the
+        kept features: ``(G T)^T = T^T G^T``."""
+        for start, stop, G in self._product_features():
+            yield start, stop, self.basis.left(G.T.to(self.dtype).clone())
+
     def kept_matrix(self) -> torch.Tensor:
         """``Phi`` (``n x M``, the internal basis, the solver dtype) assembled from the kept features."""
         out = torch.empty(self.n, self.M, dtype=self.dtype, device=self.device)
-        for start, stop, G in self._product_features():
-            out[start:stop] = self.basis.left(G.T.to(self.dtype).clone()).T  # (G T) = (T^T G^T)^T
+        for start, stop, rows in self._kept_transposed():
+            out[start:stop] = rows.T
         return out
 
     def feature_norms(self) -> torch.Tensor:
         """``|phi_i|^2`` for every row (the diagonal of ``Phi Phi^T``), from the kept features."""
         out = torch.empty(self.n, dtype=self.dtype, device=self.device)
-        for start, stop, G in self._product_features():
-            rows = self.basis.left(G.T.to(self.dtype).clone())  # (G T)^T = T^T G^T
+        for start, stop, rows in self._kept_transposed():
             out[start:stop] = (rows * rows).sum(0)
         self.passes += 1
         return out
