@@ -102,6 +102,7 @@ class FreeFactor:
         self.updates = 0  # solves through an updated factor
         self.updated = False  # whether the last solve went through an updated factor (unrefined)
         self._row_norms: Optional[torch.Tensor] = None  # |K_i:|_1, for the residual test
+        self._norms_of: Optional[torch.Tensor] = None  # the matrix K whose row norms those are
         self._pin_W: Optional[torch.Tensor] = None  # H_UU^{-1} E for the factor positions _pin_pos (u x k)
         self._pin_pos: Optional[torch.Tensor] = None
 
@@ -124,8 +125,8 @@ class FreeFactor:
     def residual_scale(self, K: torch.Tensor, free: torch.Tensor, d: torch.Tensor) -> float:
         """``max_i (|K_i:|_1 + |d_i|)`` over ``i`` in ``free``: bounds ``|H_FF|_inf``, the scale of a fresh
         factorisation's residual ``|v - H_FF x| ~ eps |H_FF|_inf |x|``."""
-        if self._row_norms is None:
-            self._row_norms = torch.linalg.vector_norm(K, ord=1, dim=1)
+        if self._row_norms is None or self._norms_of is not K:  # (a factor may serve several matrices in turn)
+            self._row_norms, self._norms_of = torch.linalg.vector_norm(K, ord=1, dim=1), K
         return float(self._row_norms[free].max() + d[free].abs().max())
 
     def _fresh_solve(self, K, K_F, free, d, V):
@@ -157,7 +158,7 @@ class FreeFactor:
         anew."""
         if self.L0 is None or U.numel() != self.U.numel():
             raise ValueError(f"relabel: expected {0 if self.U is None else self.U.numel()} indices, got {U.numel()}")
-        self.U, self._row_norms = U, None
+        self.U, self._row_norms, self._norms_of = U, None, None
 
     # ------------------------------------------------------------------ the blocked factor
     def _forward(self, V: torch.Tensor) -> torch.Tensor:

@@ -85,6 +85,20 @@ def test_relabelled_factor_solves_the_next_matrix(monkeypatch):
         factor.relabel(position[:-1])
 
 
+def test_residual_scale_follows_the_matrix_it_is_asked_about():
+    """A factor that serves one matrix and then a smaller one (the working set's next subproblem, when no factor
+    carried over) bounds ``|H_FF|_inf`` of the matrix it is given: ``max_i (|K_i:|_1 + |d_i|)`` over the free rows,
+    computed here with numpy (it once kept the first matrix's row norms and indexed past their end)."""
+    factor = ff.FreeFactor(cholesky_shifted)
+    for n in (40, 25, 25):
+        K = _kernel(n, seed=n)
+        d = torch.full((n,), 1e-3, dtype=torch.float64)
+        free = torch.arange(0, n, 2)
+        ref = (np.abs(K.numpy()).sum(1) + 1e-3)[free.numpy()].max()
+        assert factor.residual_scale(K, free, d) == pytest.approx(ref, rel=1e-12)
+        factor.solve(K, None, free, d, torch.ones(free.numel(), 1, dtype=torch.float64))
+
+
 def test_pinned_columns_kept_across_solves_stay_exact(monkeypatch):
     """Pinned coordinates that change from solve to solve (a window sliding over the factor's coordinates, freed
     again as it moves on, so that kept columns ``H_UU^{-1} e_j`` serve later solves) give the dense solve's answer at
