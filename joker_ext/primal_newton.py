@@ -97,7 +97,7 @@ On a GPU (measured on an H100, ``comparisons/benchmarks/falkon_gpu.py``):
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -105,11 +105,12 @@ import torch
 from .defaults import (CONVERT_SPLIT, EXACT_HESSIAN_MAX_FEATURES, GPU_NEWTON_WORKSPACE, IN_PLACE_BLOCK,
                        KINKED_HESSIAN_MAX_FEATURES, STREAM_BYTES, TEST_MATRIX_BLOCK)
 from .data import BlockData
-from .dense import cholesky_ex, cholesky_solve
+from .dense import cholesky_ex, cholesky_shifted, cholesky_solve
 from .distributed import SingleProcess, local_positions
 from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag
 from .engines import default_max_iter as engine_max_iter
-from .feature_interior import DIVERGED, FINISH_FROM, ColumnSolve, FeatureGram, worth_starting, zero_inside
+from .feature_interior import (ABANDON_GAP, ABANDON_PATIENCE, ABANDON_RISE, DIVERGED, FINISH_FROM, ColumnSolve, FeatureGram,
+                               worth_starting, zero_inside)
 from .features import NystromFeatureMap, RandomFeatureMap
 from .kernels import CallableKernel
 from .losses import Loss
@@ -431,12 +432,33 @@ class ExactHessian(_FactoredPreconditioner):
     Huber 1.63 -> 1.75 s. Memory: two ``M x M`` matrices, no more than the sketch's buffers at its default rank
     (``SKETCH_BUFFERS M r`` with ``r >= M / 2`` up to that many features). For the kinked losses also up to
     ``M <=`` :data:`~joker_ext.defaults.KINKED_HESSIAN_MAX_FEATURES` without a ``newton_rank``, features kept or
-    not (then more than the sketch's buffers: a memory budget plans a rank, which keeps the sketch)."""
+    not (then more than the sketch's buffers: a memory budget plans a rank, which keeps the sketch).
 
-    def __init__(self, gram: torch.Tensor, scale: float):
+    Parameters
+    ----------
+    gram : Tensor (M, M)
+        ``G^T W G`` (overwritten).
+    scale : float
+        ``s``.
+    shift : bool
+        Where the plain factorisation fails, factor with a growing diagonal shift
+        (:func:`~joker_ext.dense.cholesky_shifted`): a preconditioner, which need not be exact. Without, :attr:`L`
+        is then None.
+    """
+
+    def __init__(self, gram: torch.Tensor, scale: float, shift: bool = False):
         A = gram.mul_(scale * scale)
         A.diagonal().add_(1.0)
         self._factor(A)
+        if self.L is None and shift:
+            try:
+                self.L = cholesky_shifted(A)
+            except torch.linalg.LinAlgError:
+                self.L = None
+
+    def solve(self, V: torch.Tensor) -> torch.Tensor:
+        """``P^{-1} V`` (``M x k``) through the factor (which must exist)."""
+        return cholesky_solve(V, self.L)
 
 
 class CentersPreconditioner(_FactoredPreconditioner):
@@ -494,6 +516,13 @@ class _Basis:
         if self.kind == "nystrom":
             return self.fmap.kernel(Xc, self.centers)
         return self.fmap(Xc)
+
+    def features(self, G: torch.Tensor) -> torch.Tensor:
+        """``G T`` for rows ``G`` of Nystrom features (``G R^{-1}``, a triangular solve), ``G`` itself otherwise (random
+        features' scale is applied by their users)."""
+        if self.kind == "nystrom":
+            return torch.linalg.solve_triangular(self.R, G, upper=True, left=False)
+        return G
 
     def right(self, V: torch.Tensor) -> torch.Tensor:
         """``T V``."""
@@ -805,16 +834,22 @@ class _Passes:
         self.passes += 1
         return out
 
-    def gram_factor(self, w: torch.Tensor) -> Optional[torch.Tensor]:
-        """The Cholesky factor of ``I + Phi^T diag(w) Phi`` (None when it cannot be factored)."""
-        return self.exact_hessian(w.unsqueeze(1), 0).L
+    def gram_factor(self, w: torch.Tensor) -> Optional[ExactHessian]:
+        """``I + Phi^T diag(w) Phi``, factored (:class:`ExactHessian`; None when it cannot be factored)."""
+        factored = self.exact_hessian(w.unsqueeze(1), 0, shift=False)
+        return factored if factored.L is not None else None
 
-    def exact_hessian(self, W: torch.Tensor, t: int) -> ExactHessian:
+    def exact_hessian(self, W: torch.Tensor, t: int, shift: bool = True) -> ExactHessian:
         """:class:`ExactHessian` for column ``t`` of the curvatures ``W``: ``G^T W G`` summed in the solver dtype
         over the rows with ``w_i != 0`` and the processes (``2 |band| M^2`` flops; the kinked losses' band shrinks
         with the smoothing), from the kept features, else from a pass, or, for a band of at most
         :data:`BAND_ROWS_SHARE` of the rows, from the band's features alone. Nystrom features ``Phi = G R^{-1}``:
-        then ``R^{-T} G^T W G R^{-1}``, two triangular solves of ``M x M``."""
+        then ``Phi^T W Phi`` from the features themselves, ``G R^{-1}`` row by row (``|band| M^2`` flops more):
+        forming ``R^{-T} (G^T W G) R^{-1}`` instead multiplied the rounding of ``G^T W G`` by ``|R^{-1}|^2``, which
+        is large where ``K_ZZ`` is near singular (a wide kernel: eigenvalues down to 1e-10), so that the sum was no
+        longer positive definite, its factorisation failed, and the Newton steps went unpreconditioned (JokerFalkon,
+        absolute and epsilon-insensitive losses, n = 2600-5400, M = 340-980, penalties 1e-8 to 2e-7: gaps of 0.13-1.7
+        after the default 20 iterations). ``shift``: as :class:`ExactHessian`'s."""
         gram = torch.zeros(self.M, self.M, dtype=self.dtype, device=self.device)
         w = W[:, t]
         band = torch.nonzero(w).reshape(-1)  # the rows with curvature (kinked losses: the smoothing's band)
@@ -823,19 +858,17 @@ class _Passes:
                 rows = torch.nonzero(w[start:stop]).reshape(-1)
                 if rows.numel() == 0:
                     continue
-                Gd = (G if rows.numel() == stop - start else G.index_select(0, rows)).to(self.dtype)
+                Gd = G if rows.numel() == stop - start else G.index_select(0, rows)
+                Gd = self.basis.features(Gd.to(self.dtype))
                 gram.addmm_(Gd.T, Gd * w[start + rows].unsqueeze(1))
         else:  # the band's features alone
             for s0 in range(0, band.numel(), self.grad_rows):
                 rows = band[s0:s0 + self.grad_rows]
-                Gd = self.basis.raw(self.take(rows)).to(self.dtype)
+                Gd = self.basis.features(self.basis.raw(self.take(rows)).to(self.dtype))
                 gram.addmm_(Gd.T, Gd * w[rows].unsqueeze(1))
         self.passes += 1
         self.shards.sum_(gram)
-        if self.basis.kind == "nystrom":
-            gram = self.basis.left(self.basis.left(gram).mT)  # T^T (G^T W G) T, T = R^{-1}
-            gram = 0.5 * (gram + gram.mT)
-        return ExactHessian(gram, self.basis.scale if self.basis.kind == "random" else 1.0)
+        return ExactHessian(gram, self.basis.scale if self.basis.kind == "random" else 1.0, shift=shift)
 
     def sample_features(self, sample: torch.Tensor):
         """Yields ``(positions in sample, G of those rows)`` over the sampled rows, in the solver dtype."""
@@ -1174,6 +1207,11 @@ def _fix_excess(a, lo, hi, kink: float, most: int):
     return out
 
 
+class _Abandoned(NamedTuple):
+    """What :func:`_interior_start` returns when it gives up: the iterations it recorded."""
+    iterations: int
+
+
 def _interior_start(passes: "_Passes", loss: Loss, Y, c_col, tol: float, record):
     """The kinked losses' start (:mod:`joker_ext.feature_interior`): each column's dual by the interior point, finished
     on its active sets (:func:`_active_set_point`) as soon as that point's duality gap meets ``tol``.
@@ -1183,7 +1221,8 @@ def _interior_start(passes: "_Passes", loss: Loss, Y, c_col, tol: float, record)
     returns a stop reason or None.
     Returns ``(alpha, beta, iterations, reason)``: ``alpha`` the finished dual points or the active sets of the last
     (interior) ones, ``beta`` their weights in the internal basis; None where the interior point is no good start
-    (:func:`~joker_ext.feature_interior.worth_starting`)."""
+    (:func:`~joker_ext.feature_interior.worth_starting`); :class:`_Abandoned` where a column's iterates went back up
+    far from the solution, or stalled far from it (:data:`~joker_ext.feature_interior.ABANDON_RISE`)."""
     n, T = Y.shape
     zeros = torch.zeros_like(Y)
     lo, hi = loss.box(Y, c_col)
@@ -1229,6 +1268,7 @@ def _interior_start(passes: "_Passes", loss: Loss, Y, c_col, tol: float, record)
                         lin[:, t], kink, lo[:, t], hi[:, t], diag) for t in range(T)]
     open_, finished = list(range(T)), set()
     best = [(math.inf, None)] * T  # each column's smallest relative gap and its iterate
+    abandoned, stalled = False, [0] * T  # (iterates since each column's smallest gap)
     while open_ and reason is None:
         moved = False
         for t in list(open_):
@@ -1240,8 +1280,12 @@ def _interior_start(passes: "_Passes", loss: Loss, Y, c_col, tol: float, record)
             alpha[:, t], beta[:, t] = run.a, run.gram.beta[:, 0]
             primal[t], dual[t] = p, d = certificate(t, run.a, run.gram.beta[:, 0], run.gram.f)
             gap = (p + d) / max(abs(p), abs(d), torch.finfo(Y.dtype).tiny)
+            stalled[t] = 0 if gap < best[t][0] else stalled[t] + 1
             if gap < best[t][0]:
                 best[t] = (gap, (run.a.clone(), beta[:, t].clone(), p, d))
+            elif gap > ABANDON_GAP and (gap > ABANDON_RISE * best[t][0] or stalled[t] >= ABANDON_PATIENCE):
+                abandoned = True
+                break
             elif gap > DIVERGED * best[t][0]:  # inexact directions took it away: its best iterate is kept
                 run.a, beta[:, t], primal[t], dual[t] = best[t][1]
                 alpha[:, t] = run.a
@@ -1250,10 +1294,14 @@ def _interior_start(passes: "_Passes", loss: Loss, Y, c_col, tol: float, record)
             if gap <= FINISH_FROM and finish(t, run.snapped()):
                 open_.remove(t)
                 finished.add(t)
-        if not moved:
+        if not moved or abandoned:
             break
         count += 1
         reason = record(count, alpha, beta, primal, dual)
+    if abandoned:
+        for run in runs:
+            run.close()
+        return _Abandoned(count)
     for t, run in enumerate(runs):
         if t not in finished:  # the continuation is centred at the last iterate's active sets
             alpha[:, t] = run.snapped()
@@ -1265,7 +1313,7 @@ def _linear(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
     return A @ B.T
 
 
-def _working_set_start(passes: "_Passes", loss: Loss, Y, c, opts: SolverOptions, record):
+def _working_set_start(passes: "_Passes", loss: Loss, Y, c, opts: SolverOptions, record, spent: int = 0):
     """The kinked losses that the interior point does not start (the hinge loss): the dual, the same box QP with
     ``Q = Phi Phi^T``, solved by the exact kernels' working-set engine (:mod:`joker_ext.working_set`) on the linear
     kernel of the kept features, to ``opts.tol`` within its own iteration budget and ``opts.max_time``.
@@ -1277,8 +1325,9 @@ def _working_set_start(passes: "_Passes", loss: Loss, Y, c, opts: SolverOptions,
     M = 500, penalty 1e-6, n = 20,000 / 40,000: 6.0 / 16.4 s against 58 / 47 Newton iterations and 4.6 / 11.6 s
     (which Falkon's default ``maxiter = 20`` stops at a gap of 2e-3).
 
-    ``record(1, alpha, beta, primal, dual)`` is called once with the certificate of the original problem at
-    ``(beta = Phi^T alpha, alpha)``, per column. Returns ``(alpha, beta, 1, reason)``."""
+    ``record(spent + 1, alpha, beta, primal, dual)`` is called once with the certificate of the original problem at
+    ``(beta = Phi^T alpha, alpha)``, per column (``spent``: the iterations an abandoned interior start recorded).
+    Returns ``(alpha, beta, spent + 1, reason)``."""
     Phi = passes.kept_matrix()
     op = ExactOperator(CallableKernel(_linear, "linear on the features"), BlockData(Phi, Y.dtype, Y.device))
     n = Y.shape[0]
@@ -1292,7 +1341,7 @@ def _working_set_start(passes: "_Passes", loss: Loss, Y, c, opts: SolverOptions,
     half = 0.5 * (beta * beta).sum(0)
     primal = half + (c_col * loss.value(Y, F)).sum(0)
     dual = half + loss.conj(alpha, Y, c_col).sum(0)
-    return alpha, beta, 1, record(1, alpha, beta, primal, dual)
+    return alpha, beta, spent + 1, record(spent + 1, alpha, beta, primal, dual)
 
 
 def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: Optional[SolverOptions] = None,
@@ -1366,9 +1415,12 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
     # kept features and a rank covering all M features, or no rank asked for and at most
     # EXACT_HESSIAN_MAX_FEATURES: the Hessian itself (every process alike). Nystrom features keep Falkon's
     # preconditioner, exact where the curvature is uniform (the squared loss) and close where it varies
-    # smoothly, except for the kinked losses, whose smoothed curvature is c / s on a band of rows and 0 elsewhere
+    # smoothly (logistic), except where it is c on some rows and 0 on the others: the kinked losses' smoothed
+    # curvature (c / s on a band of rows), Huber's and the squared hinge's (JokerFalkon, Huber and squared hinge,
+    # n = 4200-5800, M = 420-990, penalties 2e-9 to 8e-9: relative gaps of 1.0 after the default 20 iterations)
+    piecewise = bool(getattr(loss, "quadratic", False)) and not quadratic
     exact = (rank >= M or (opts.newton_rank is None and M <= EXACT_HESSIAN_MAX_FEATURES)) \
-        and not shards.any(not passes.keeps_features) and (passes.basis.kind != "nystrom" or smoothing.active)
+        and not shards.any(not passes.keeps_features) and (passes.basis.kind != "nystrom" or piecewise)
     # kinked losses: neither a sketch on sampled rows nor Falkon's preconditioner sees a curvature that is c / s on
     # the band of rows near the kinks and 0 elsewhere (Nystrom features, n = 20,000, M = 2000, hinge: 50 products
     # per Newton step, a gap of 0.5 after 190 s). The Hessian of the band's rows is formed instead, features kept
@@ -1414,8 +1466,11 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
                 # (the interior point's Woodbury solves need the features in the solver dtype; the working set
                 # converts them)
                 started = None if passes.low else _interior_start(passes, loss, Y, c_col, opts.tol, record)
+                spent = 0
+                if isinstance(started, _Abandoned):
+                    spent, started = started.iterations, None
                 if started is None:
-                    started = _working_set_start(passes, loss, Y, c, opts, record)
+                    started = _working_set_start(passes, loss, Y, c, opts, record, spent)
                 if started is not None:
                     center, beta, count, start_reason = started
                     it = start_iter + count

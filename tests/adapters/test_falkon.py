@@ -869,6 +869,41 @@ def test_hinge_loss_converges_within_falkons_default_maxiter(fk, fopt, dtype):
     assert value == pytest.approx(prob.value, rel=1e-6)
 
 
+@pytest.mark.parametrize("loss, n", [("huber", 1500), ("squared_hinge", 1000), ("absolute", 1000),
+                                     ("epsilon_insensitive", 1500)])
+def test_wide_kernel_at_a_tiny_penalty_converges_within_falkons_default_maxiter(fk, fopt, loss, n):
+    """A wide kernel (sigma 4 on standardised data in d = 4: ``K_ZZ`` near singular) at penalty 5e-9: Huber's and
+    the squared hinge's curvature (c on some rows, 0 on the others) and the kinked losses' smoothed one defeat
+    Falkon's preconditioner, and the Hessian formed as ``R^{-T} G^T W G R^{-1}`` could not be factored; the
+    interior-point start's gap went back up to 1. These fits stopped at maxiter = 20 with relative gaps of 1e-5 to
+    1.4; they now converge within it, at cvxpy's optimum on the same features."""
+    cp = pytest.importorskip("cvxpy")
+    X, Y = _toy(n, d=4, seed=2)
+    if loss == "squared_hinge":
+        Y = torch.where(Y > Y.median(), 1.0, -1.0).to(Y.dtype)
+    kern = fk.kernels.GaussianKernel(4.0, opt=fopt)
+    lam = 5e-9
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m = JokerFalkon(kern, lam, n // 5, seed=0, options=fopt, loss=loss).fit(X, Y)
+    assert m.status_ == "converged" and m.n_iter_ <= 20 and 0 <= abs(m.relative_gap_) <= 1e-6, \
+        (m.status_, m.n_iter_, m.relative_gap_)
+    P, y = m.feature_map_(X).numpy(), Y[:, 0].numpy()
+    C = 1.0 / (n * lam)
+    b = cp.Variable(P.shape[1])
+    f = P @ b
+    terms = {"huber": 0.5 * cp.huber(y - f, 1.0), "squared_hinge": 0.5 * cp.square(cp.pos(1 - cp.multiply(y, f))),
+             "absolute": cp.abs(y - f), "epsilon_insensitive": cp.pos(cp.abs(y - f) - 0.1)}[loss]
+    prob = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(b) + C * cp.sum(terms)))
+    prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
+    beta = m.model_.beta[:, 0].numpy()
+    r, margin = y - P @ beta, y * (P @ beta)
+    value = {"huber": np.where(np.abs(r) <= 1.0, 0.5 * r ** 2, np.abs(r) - 0.5),
+             "squared_hinge": 0.5 * np.maximum(1 - margin, 0) ** 2, "absolute": np.abs(r),
+             "epsilon_insensitive": np.maximum(np.abs(r) - 0.1, 0)}[loss]
+    assert 0.5 * float(beta @ beta) + C * float(value.sum()) == pytest.approx(prob.value, rel=1e-6)
+
+
 def test_hinge_loss_with_one_hot_targets(fk, fopt):
     """One-hot 0/1 targets with a margin loss are fitted one-vs-rest on -1/+1."""
     from sklearn.datasets import load_digits

@@ -145,3 +145,26 @@ def test_a_gram_that_cannot_be_factored_is_retried_with_a_lower_cap():
     # (a capped E of 1e7 / mean diag costs the Woodbury form a few digits: 4e-6 relative here)
     ref = torch.linalg.solve(Phi @ Phi.T + torch.diag(capped), R)
     assert float((x - ref).norm() / ref.norm()) <= 1e-4
+
+
+def test_nystrom_hessian_of_a_wide_kernel_is_factored_as_formed_from_the_features():
+    """Nystrom features of a wide kernel (``K_ZZ`` near singular) with curvatures of 1e4, as the smoothed kinked
+    losses have at small penalties: ``I + Phi^T W Phi`` is factored without a shift, and ``L L^T`` equals that matrix
+    formed from the map's own features ``Phi = fmap(X)``. Formed as ``R^{-T} (G^T W G) R^{-1}``, the rounding of
+    ``G^T W G`` times ``|R^{-1}|^2`` made it indefinite: its factorisation failed and the Newton steps of such fits
+    went unpreconditioned."""
+    n, M = 2000, 300
+    Xt = torch.as_tensor(np.random.default_rng(0).standard_normal((n, 6)))
+    fmap = NystromFeatureMap(GaussianKernel(7.0), Xt[:M])
+    assert float(torch.linalg.eigvalsh(fmap.kernel(Xt[:M], Xt[:M])).min()) < 1e-8  # near singular
+    op = FeatureOperator(fmap, BlockData(Xt, F64, torch.device("cpu")), chunk_rows=256)
+    loss = get_loss("absolute")
+    Y = torch.zeros(n, 1, dtype=F64)
+    passes = _Passes(op, Y, loss, torch.ones_like(Y), SingleProcess(), cache=True)
+    W = torch.full((n, 1), 1e4, dtype=F64)
+    W[::3] = 0.0  # a band: the rows without curvature are left out
+    hessian = passes.exact_hessian(W, 0, shift=False)
+    assert hessian.L is not None
+    Phi = fmap(Xt)
+    P = torch.eye(M, dtype=F64) + Phi.T @ (W * Phi)
+    torch.testing.assert_close(hessian.L @ hessian.L.T, P, rtol=1e-9, atol=1e-9 * float(P.diagonal().max()))
