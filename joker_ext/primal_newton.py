@@ -18,7 +18,9 @@ One Newton iteration:
 2. the direction ``d`` by preconditioned conjugate gradients on ``(I + Phi^T W Phi) d = -grad``, stopped at
    a relative residual ``eta = clip(sqrt(rel_gap), newton_cg_tol, 0.1)`` (inexact Newton) or after
    ``max_cg`` products; each product is one pass, which also accumulates ``Phi d`` for free;
-3. an Armijo search on ``P_s(beta + t d)``: with ``Phi d`` known, every trial is O(n), no pass.
+3. a line search on ``P_s(beta + t d)``: with ``Phi d`` known, every trial is O(n), no pass. The whole step
+   where Armijo's condition holds, else the minimiser of the convex ``P_s`` along ``d`` on ``(0, 1)`` by regula
+   falsi on its derivative (:func:`_line_search`).
 
 Kinked losses (hinge, absolute, pinball, epsilon-insensitive) are smoothed by ``s (a - a_k)^2 / (2 c)`` in
 the conjugate: a proximal-point step on the dual, centred at the dual solution ``a_k`` of the last smoothed
@@ -125,6 +127,12 @@ __all__ = ["feature_newton", "NystromPreconditioner", "default_rank", "default_s
 
 ARMIJO = 1e-4
 MAX_HALVINGS = 40
+#: The line search's regula falsi: at most this many trials, until the bracket is this narrow (relative) or the
+#: slope this small (relative to the slope at 0).
+LINE_SEARCH_STEPS = 12
+LINE_SEARCH_WIDTH = 1e-2
+#: A change of the primal within this fraction of its value is rounding (the whole step is taken).
+LINE_SEARCH_NOISE = 1e-13
 #: Largest copy of the training inputs (bytes) kept on the solver's device for the passes.
 RESIDENT_BYTES = 2 * 2**30
 #: Rows per block of the duality gap's O(n) sums: their temporaries are blocks, not n-vectors (at n = 1M, each
@@ -638,6 +646,8 @@ class _Passes:
             cache = keeps_features(self.n, self.M, torch.finfo(self.pass_dtype).bits // 8)
         self._cached = [] if cache else None  # the Hessian products' feature chunks, filled by the first one
         self._cache_full = False
+        self._mapped = None  # Nystrom features: the kept chunks as G R^{-1} while the interior-point start runs
+        self.accurate_hessian = False  # exact_hessian always from the features G R^{-1} (set after a failed step)
 
     def buffer(self, rows: int, dtype: torch.dtype) -> torch.Tensor:
         """A ``rows x M`` workspace reused by every chunk of every pass (a fresh allocation per chunk costs
@@ -798,6 +808,20 @@ class _Passes:
             yield start, stop, G
         self._cache_full = fill
 
+    def _mapped_features(self):
+        """Yields ``(start, stop, G T)`` (the solver dtype) over the kept features, mapped on the first call and kept
+        until :meth:`release_mapped` (``n M`` numbers more: the interior point forms ``Phi^T E Phi`` at every
+        iterate)."""
+        if self._mapped is None:
+            self._mapped = [(start, stop, self.basis.features(G.to(self.dtype).clone()))
+                            for start, stop, G in self._product_features()]
+        yield from self._mapped
+
+    def release_mapped(self) -> None:
+        """Frees the chunks of :meth:`_mapped_features` (kept while :attr:`accurate_hessian` asks for them)."""
+        if not self.accurate_hessian:
+            self._mapped = None
+
     @property
     def keeps_features(self) -> bool:
         """Whether the Hessian products' features are kept (``newton_cache``): then one pass forms
@@ -836,39 +860,66 @@ class _Passes:
 
     def gram_factor(self, w: torch.Tensor) -> Optional[ExactHessian]:
         """``I + Phi^T diag(w) Phi``, factored (:class:`ExactHessian`; None when it cannot be factored)."""
-        factored = self.exact_hessian(w.unsqueeze(1), 0, shift=False)
+        factored = self.exact_hessian(w.unsqueeze(1), 0, shift=False, accurate=True)
         return factored if factored.L is not None else None
 
-    def exact_hessian(self, W: torch.Tensor, t: int, shift: bool = True) -> ExactHessian:
-        """:class:`ExactHessian` for column ``t`` of the curvatures ``W``: ``G^T W G`` summed in the solver dtype
-        over the rows with ``w_i != 0`` and the processes (``2 |band| M^2`` flops; the kinked losses' band shrinks
-        with the smoothing), from the kept features, else from a pass, or, for a band of at most
-        :data:`BAND_ROWS_SHARE` of the rows, from the band's features alone. Nystrom features ``Phi = G R^{-1}``:
-        then ``Phi^T W Phi`` from the features themselves, ``G R^{-1}`` row by row (``|band| M^2`` flops more):
-        forming ``R^{-T} (G^T W G) R^{-1}`` instead multiplied the rounding of ``G^T W G`` by ``|R^{-1}|^2``, which
-        is large where ``K_ZZ`` is near singular (a wide kernel: eigenvalues down to 1e-10), so that the sum was no
-        longer positive definite, its factorisation failed, and the Newton steps went unpreconditioned (JokerFalkon,
-        absolute and epsilon-insensitive losses, n = 2600-5400, M = 340-980, penalties 1e-8 to 2e-7: gaps of 0.13-1.7
-        after the default 20 iterations). ``shift``: as :class:`ExactHessian`'s."""
-        gram = torch.zeros(self.M, self.M, dtype=self.dtype, device=self.device)
+    def exact_hessian(self, W: torch.Tensor, t: int, shift: bool = True, accurate: bool = False) -> ExactHessian:
+        """:class:`ExactHessian` for column ``t`` of the curvatures ``W`` from :meth:`_weighted_gram`. Nystrom
+        features ``Phi = G R^{-1}``: ``R^{-T} (G^T W G) R^{-1}``, two triangular solves of ``M x M``; where that
+        cannot be factored, or where the solves must be ``accurate`` (the interior point's Woodbury solves),
+        ``Phi^T W Phi`` from the features themselves (``G R^{-1}`` row by row, ``|band| M^2`` flops more). The first
+        multiplies the rounding of ``G^T W G`` by ``|R^{-1}|^2``, which is large where ``K_ZZ`` is near singular (a
+        wide kernel: eigenvalues down to 1e-10): the sum was then no longer positive definite and the Newton steps
+        went unpreconditioned (JokerFalkon, absolute and epsilon-insensitive losses, n = 2600-5400, M = 340-980,
+        penalties 1e-8 to 2e-7: gaps of 0.13-1.7 after the default 20 iterations), and the interior point's
+        directions drifted (epsilon-insensitive, n = 20,000, M = 1000, penalty 1e-8: a gap of 5.6e-4 after 20
+        iterations against 5.3e-6). As a preconditioner it mostly serves (one conjugate-gradient step per Newton
+        step there) at two thirds of the cost; after a Newton step whose line search failed the engine sets
+        :attr:`accurate_hessian` (Huber, n = 1500, M = 300, penalty 5e-9, a wide kernel: 'stalled' at a gap of 8e-6
+        without). ``shift``: as :class:`ExactHessian`'s."""
         w = W[:, t]
+        if self.basis.kind != "nystrom":
+            return ExactHessian(self._weighted_gram(w), self.basis.scale if self.basis.kind == "random" else 1.0,
+                                shift=shift)
+        if not (accurate or self.accurate_hessian):
+            gram = self.basis.left(self.basis.left(self._weighted_gram(w)).mT)  # T^T (G^T W G) T, T = R^{-1}
+            hessian = ExactHessian(0.5 * (gram + gram.mT), 1.0)
+            if hessian.L is not None:
+                return hessian
+        return ExactHessian(self._weighted_gram(w, mapped=True), 1.0, shift=shift)
+
+    def _weighted_gram(self, w: torch.Tensor, mapped: bool = False) -> torch.Tensor:
+        """``G^T diag(w) G`` (``mapped``: ``(G T)^T diag(w) (G T)``, :meth:`_Basis.features`) summed in the solver
+        dtype over the rows with ``w_i != 0`` and the processes (``2 |band| M^2`` flops; the kinked losses' band
+        shrinks with the smoothing), from the kept features, else from a pass, or, for a band of at most
+        :data:`BAND_ROWS_SHARE` of the rows, from the band's features alone."""
+        gram = torch.zeros(self.M, self.M, dtype=self.dtype, device=self.device)
         band = torch.nonzero(w).reshape(-1)  # the rows with curvature (kinked losses: the smoothing's band)
-        if self._cache_full or band.numel() > BAND_ROWS_SHARE * self.n:
+
+        def add(Gd, weights):
+            Gd = Gd.to(self.dtype)
+            if mapped:
+                Gd = self.basis.features(Gd)
+            gram.addmm_(Gd.T, Gd * weights.unsqueeze(1))
+
+        if mapped and self._cache_full and band.numel() > BAND_ROWS_SHARE * self.n:
+            for start, stop, Phi in self._mapped_features():
+                rows = torch.nonzero(w[start:stop]).reshape(-1)
+                if rows.numel():
+                    Pd = Phi if rows.numel() == stop - start else Phi.index_select(0, rows)
+                    gram.addmm_(Pd.T, Pd * w[start + rows].unsqueeze(1))
+        elif self._cache_full or band.numel() > BAND_ROWS_SHARE * self.n:
             for start, stop, G in self._product_features():
                 rows = torch.nonzero(w[start:stop]).reshape(-1)
-                if rows.numel() == 0:
-                    continue
-                Gd = G if rows.numel() == stop - start else G.index_select(0, rows)
-                Gd = self.basis.features(Gd.to(self.dtype))
-                gram.addmm_(Gd.T, Gd * w[start + rows].unsqueeze(1))
+                if rows.numel():
+                    add(G if rows.numel() == stop - start else G.index_select(0, rows), w[start + rows])
         else:  # the band's features alone
             for s0 in range(0, band.numel(), self.grad_rows):
                 rows = band[s0:s0 + self.grad_rows]
-                Gd = self.basis.features(self.basis.raw(self.take(rows)).to(self.dtype))
-                gram.addmm_(Gd.T, Gd * w[rows].unsqueeze(1))
+                add(self.basis.raw(self.take(rows)), w[rows])
         self.passes += 1
         self.shards.sum_(gram)
-        return ExactHessian(gram, self.basis.scale if self.basis.kind == "random" else 1.0, shift=shift)
+        return gram
 
     def sample_features(self, sample: torch.Tensor):
         """Yields ``(positions in sample, G of those rows)`` over the sampled rows, in the solver dtype."""
@@ -1036,27 +1087,73 @@ class _InnerReports:
 
 def _line_search(loss: Loss, Y, c_col, beta, D, F, Z, grad, smoothing: float,
                  shards: SingleProcess, shift: Optional[torch.Tensor] = None) -> Optional[float]:
-    """Armijo step length on ``P_s(beta + t D)`` (every trial O(n): ``Phi (beta + t D) = F + t Z``)."""
+    """Step length on ``phi(t) = P_s(beta + t D)`` (every trial O(n): ``Phi (beta + t D) = F + t Z``): the whole
+    step where it meets Armijo's condition, else the minimiser of the convex ``phi`` on ``(0, 1)``, found by
+    regula falsi on ``phi'(t) = beta^T D + t D^T D - a(F + t Z)^T Z`` (``a`` the smoothed dual point: the
+    primal's gradient in ``f`` is ``-a``), else Armijo's halving.
+
+    The minimiser replaced the halving as the first fallback: on a piecewise-quadratic primal (Huber, the squared
+    hinge, the smoothed kinked losses) whose curvature changes on many rows along the step, halving took steps of
+    1/4 to 1/8 for a dozen iterations (JokerFalkon, Huber, n = 1500, M = 300, penalty 5e-9, a wide kernel: 14 of
+    its 17 iterations at a relative gap of 1.0)."""
     slope = float((grad * D).sum())
     if not slope < 0:
         return None
     bb, bd, dd = float((beta * beta).sum()), float((beta * D).sum()), float((D * D).sum())
 
-    def value(t):
+    def at(t):
+        """``(phi(t), phi'(t))``."""
         def terms(lo, hi):
             f = F[lo:hi] + t * Z[lo:hi]
             if shift is not None:
                 f = f - shift[lo:hi]
             Yb, cb = Y[lo:hi], c_col[lo:hi]
             a, _ = loss.smoothed_dual(f, Yb, cb, smoothing)
-            return (loss.smoothed_value(f, Yb, cb, a, smoothing).sum().reshape(1),)
-        (total,) = shards.sum_many(*_row_sums(terms, Y.shape[0]))
-        return 0.5 * (bb + 2 * t * bd + t * t * dd) + float(total)
+            return (loss.smoothed_value(f, Yb, cb, a, smoothing).sum().reshape(1), (a * Z[lo:hi]).sum().reshape(1))
+        total, aZ = shards.sum_many(*_row_sums(terms, Y.shape[0]))
+        return 0.5 * (bb + 2 * t * bd + t * t * dd) + float(total), bd + t * dd - float(aZ)
 
-    p0, t = value(0.0), 1.0
+    def armijo(t, value):
+        return math.isfinite(value) and value - p0 <= ARMIJO * t * slope
+
+    p0, _ = at(0.0)
+    p1, d1 = at(1.0)
+    # the whole step: Armijo's decrease, or phi' still <= 0 at 1 (phi convex: it falls all the way), or a change of
+    # phi within its rounding (near the optimum the values no longer resolve the decrease; a Newton step is then
+    # taken whole: trials of 1e-7 to 0.4 left Huber's gap bouncing between 1e-6 and 1e-4)
+    if armijo(1.0, p1) or (math.isfinite(d1) and d1 <= 0) or abs(p1 - p0) <= LINE_SEARCH_NOISE * abs(p0):
+        return 1.0
+    if math.isfinite(d1) and d1 > 0:
+        # regula falsi (Illinois) on phi' over [0, 1], where it goes from slope < 0 to d1 > 0
+        lo, d_lo, hi, d_hi, side = 0.0, slope, 1.0, d1, 0
+        best = None
+        for _ in range(LINE_SEARCH_STEPS):
+            t = (lo * d_hi - hi * d_lo) / (d_hi - d_lo)
+            if not lo < t < hi:
+                t = 0.5 * (lo + hi)
+            value, deriv = at(t)
+            if armijo(t, value) and (best is None or value < best[1]):
+                best = (t, value)
+            if deriv <= 0:
+                lo, d_lo = t, deriv
+                if side == -1:
+                    d_hi *= 0.5
+                side = -1
+            else:
+                hi, d_hi = t, deriv
+                if side == 1:
+                    d_lo *= 0.5
+                side = 1
+            if hi - lo <= LINE_SEARCH_WIDTH * hi or abs(deriv) <= LINE_SEARCH_WIDTH * abs(slope):
+                break
+        if lo > 0:  # phi' <= 0 on [0, lo]: phi fell all the way there
+            return lo if best is None or best[0] < lo else best[0]
+        if best is not None:
+            return best[0]
+    t = 0.5
     for _ in range(MAX_HALVINGS):
-        pt = value(t)
-        if math.isfinite(pt) and pt - p0 <= ARMIJO * t * slope:
+        value, _ = at(t)
+        if armijo(t, value):
             return t
         t *= 0.5
     return None
@@ -1298,6 +1395,7 @@ def _interior_start(passes: "_Passes", loss: Loss, Y, c_col, tol: float, record)
             break
         count += 1
         reason = record(count, alpha, beta, primal, dual)
+    passes.release_mapped()
     if abandoned:
         for run in runs:
             run.close()
@@ -1539,6 +1637,11 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
                 reported = inner is not None and inner.last == inner.total and t == 1.0
                 it += 1
                 if t is None:
+                    if exact and passes.basis.kind == "nystrom" and not passes.accurate_hessian:
+                        # the step came from R^{-T} G^T W G R^{-1}, whose rounding may have misled it: again from
+                        # the Hessian formed from the features themselves
+                        passes.accurate_hessian, precond = True, None
+                        continue
                     if smoothing.active and smoothing.update(0.0, 1.0):
                         shift = None if center is None else smoothing.value * center / c_col
                         continue
