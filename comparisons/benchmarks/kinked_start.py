@@ -6,10 +6,11 @@
 
 fits JokerFalkon (Nystrom features, Gaussian kernel, its default ``tol``) with the epsilon-insensitive, absolute and
 pinball losses on scikit-learn-generated regression problems, twice per setting, one after the other: with the
-engine as it is, and with the start switched off (``joker_ext.primal_newton.worth_starting`` answering False, the
-engine before the start). For each it prints, at Falkon's default ``maxiter = 20``, the relative duality gap and the
-test mean absolute error, and, with ``maxiter = 1000``, the Newton iterations and the time to the tolerance, and
-their ratios (start / continuation). Timings are one run each on this machine.
+engine as it is, and with the starts switched off (``joker_ext.primal_newton.worth_starting`` answering False and
+no working-set start, which is where the engine goes when the interior point does not start: the continuation
+alone). For each it prints, at Falkon's default ``maxiter = 20``, the relative duality gap and the test mean
+absolute error, and, with ``maxiter = 1000``, the Newton iterations and the time to the tolerance, and their ratios
+(start / continuation). Timings are one run each on this machine.
 """
 from __future__ import annotations
 
@@ -47,9 +48,10 @@ def _fit(loss: str, penalty: float, M: int, sigma: float, data, maxiter: int, st
     from joker_ext.kernels import make_kernel
 
     Xtr, ytr, Xts, yts = data
-    keep = newton.worth_starting
-    if not start:
+    keep = newton.worth_starting, newton._working_set_start
+    if not start:  # neither start: the interior point's nor the working set's, its fallback
         newton.worth_starting = lambda *args: False
+        newton._working_set_start = lambda *args, **kwargs: None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -58,7 +60,7 @@ def _fit(loss: str, penalty: float, M: int, sigma: float, data, maxiter: int, st
             model.fit(Xtr, ytr)
             seconds = time.perf_counter() - t0
     finally:
-        newton.worth_starting = keep
+        newton.worth_starting, newton._working_set_start = keep
     error = float(np.mean(np.abs(model.predict(Xts).numpy().ravel() - yts)))
     return {"seconds": seconds, "iterations": model.n_iter_, "gap": model.relative_gap_, "error": error,
             "status": model.status_}

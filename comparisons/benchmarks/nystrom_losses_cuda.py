@@ -1,0 +1,44 @@
+"""Session 25 GPU check: JokerFalkon (joker_ext's Gaussian kernel, Nystrom) with the piecewise-quadratic and kinked
+losses at a tiny penalty and a wide kernel, CPU against CUDA in one process; then n = 100,000 on CUDA."""
+import json, sys, time, warnings
+import numpy as np, torch
+from joker_ext import JokerFalkon
+from joker_ext.kernels import GaussianKernel
+
+
+def toy(n, d, seed):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, d, generator=g, dtype=torch.float64)
+    Y = (torch.sin(2 * X[:, 0]) + 0.5 * X[:, 1] ** 2 + 0.1 * torch.randn(n, generator=g, dtype=torch.float64)).reshape(-1, 1)
+    return X, Y
+
+
+def fit(loss, X, Y, sigma, pen, M, dev, maxiter=20):
+    if loss in ("squared_hinge", "hinge"):
+        Y = torch.where(Y > Y.median(), 1.0, -1.0).to(Y.dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        m = JokerFalkon(GaussianKernel(sigma), pen, M, seed=0, loss=loss, device=dev, maxiter=maxiter).fit(X, Y)
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t
+    return {"loss": loss, "n": X.shape[0], "M": M, "pen": pen, "device": dev, "fit_s": round(dt, 3),
+            "status": m.status_, "iters": m.n_iter_, "rel_gap": m.relative_gap_, "primal": m.result_.primal}
+
+
+print(torch.cuda.get_device_name(0), flush=True)
+fit("huber", *toy(500, 4, 0), 4.0, 1e-6, 100, "cuda")  # warm-up
+for loss, n in [("huber", 1500), ("squared_hinge", 1000), ("absolute", 1000), ("epsilon_insensitive", 1500),
+                ("pinball", 1500), ("hinge", 1500)]:
+    X, Y = toy(n, 4, 2)
+    rows = [fit(loss, X, Y, 4.0, 5e-9, n // 5, dev) for dev in ("cpu", "cuda")]
+    rows[1]["primal_rel_to_cpu"] = abs(rows[1]["primal"] - rows[0]["primal"]) / abs(rows[0]["primal"])
+    for r in rows:
+        print(json.dumps(r), flush=True)
+X, Y = toy(100_000, 8, 3)
+for loss in ["huber", "epsilon_insensitive", "absolute", "squared_hinge", "logistic" if False else "pinball"]:
+    for pen in (1e-6, 1e-8):
+        print(json.dumps(fit(loss, X, Y, 3.0, pen, 2000, "cuda")), flush=True)
