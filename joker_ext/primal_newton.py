@@ -1543,12 +1543,12 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
     warm_finish = finishes and center is not None
     best = _BestCertificate(opts.tol, dtype)
     unreported = False
-    # the kinked losses on kept features, from a cold start: the dual's interior point first (it ends at, or near,
-    # the solution in 10-20 iterations where the continuation takes 30-150), or, where it does not start (the hinge
-    # loss, float32 features), the working-set engine on the features' linear kernel; the continuation goes on from
-    # there
-    interior = (finishes and center is None and state0 is None and passes.keeps_features
-                and bool((c_col > 0).all()) and opts.max_iter > start_iter)
+    # the kinked losses from a cold start: the dual's interior point first (it ends at, or near, the solution in 10-20
+    # iterations where the continuation takes 30-150; features not kept, each of its products is a pass), or, where
+    # it does not start (the hinge loss, float32 features) or gave up, with the features kept, the working-set engine
+    # on the features' linear kernel; the continuation goes on from there
+    interior = (finishes and center is None and state0 is None and bool((c_col > 0).all())
+                and opts.max_iter > start_iter)
     start_reason = None
     with sigint_as_flag(opts.handle_sigint) as sig:
         try:
@@ -1567,8 +1567,9 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
                 spent = 0
                 if isinstance(started, _Abandoned):
                     spent, started = started.iterations, None
-                if started is None:
+                if started is None and passes.keeps_features:
                     started = _working_set_start(passes, loss, Y, c, opts, record, spent)
+                it = start_iter + spent  # (an abandoned interior start's records, when nothing replaced it)
                 if started is not None:
                     center, beta, count, start_reason = started
                     it = start_iter + count
