@@ -35,8 +35,8 @@ import torch
 
 from .interior_point import box_qp_iterates
 
-__all__ = ["FeatureGram", "ColumnSolve", "snap", "worth_starting", "zero_inside", "FINISH_FROM", "DIVERGED", "ABANDON_RISE",
-           "ABANDON_PATIENCE", "ABANDON_GAP"]
+__all__ = ["FeatureGram", "ColumnSolve", "snap", "worth_starting", "zero_inside", "FINISH_FROM", "DIVERGED",
+           "ABANDON_RISE", "ABANDON_PATIENCE", "ABANDON_GAP"]
 
 #: Smallest ``D + h`` (times the mean of ``diag(Q)``) the Woodbury factor sees. JokerFalkon, n = 5000, M = 500, the
 #: epsilon-insensitive, absolute and pinball losses at penalties 1e-6 to 1e-8 (Newton iterations to ``tol`` 1e-6):

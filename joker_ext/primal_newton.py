@@ -111,8 +111,8 @@ from .dense import cholesky_ex, cholesky_shifted, cholesky_solve
 from .distributed import SingleProcess, local_positions
 from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag
 from .engines import default_max_iter as engine_max_iter
-from .feature_interior import (ABANDON_GAP, ABANDON_PATIENCE, ABANDON_RISE, DIVERGED, FINISH_FROM, ColumnSolve, FeatureGram,
-                               worth_starting, zero_inside)
+from .feature_interior import (ABANDON_GAP, ABANDON_PATIENCE, ABANDON_RISE, DIVERGED, FINISH_FROM, ColumnSolve,
+                               FeatureGram, worth_starting, zero_inside)
 from .features import NystromFeatureMap, RandomFeatureMap
 from .kernels import CallableKernel
 from .losses import Loss
@@ -1146,10 +1146,10 @@ def _line_search(loss: Loss, Y, c_col, beta, D, F, Z, grad, smoothing: float,
                 side = 1
             if hi - lo <= LINE_SEARCH_WIDTH * hi or abs(deriv) <= LINE_SEARCH_WIDTH * abs(slope):
                 break
-        if lo > 0:  # phi' <= 0 on [0, lo]: phi fell all the way there
-            return lo if best is None or best[0] < lo else best[0]
-        if best is not None:
+        if best is not None:  # the lowest trial that meets Armijo's condition
             return best[0]
+        if lo > 0:  # phi' <= 0 on [0, lo]: phi fell all the way there
+            return lo
     t = 0.5
     for _ in range(MAX_HALVINGS):
         value, _ = at(t)

@@ -17,7 +17,8 @@ from joker_ext.kernels import GaussianKernel
 def toy(n, d, seed):
     g = torch.Generator().manual_seed(seed)
     X = torch.randn(n, d, generator=g, dtype=torch.float64)
-    Y = (torch.sin(2 * X[:, 0]) + 0.5 * X[:, 1] ** 2 + 0.1 * torch.randn(n, generator=g, dtype=torch.float64)).reshape(-1, 1)
+    noise = 0.1 * torch.randn(n, generator=g, dtype=torch.float64)
+    Y = (torch.sin(2 * X[:, 0]) + 0.5 * X[:, 1] ** 2 + noise).reshape(-1, 1)
     return X, Y
 
 
