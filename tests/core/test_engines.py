@@ -1279,3 +1279,35 @@ def test_duplicate_rows_with_an_invalid_weight_are_refused_as_given():
     for solver in ("working_set", "active_set"):
         with pytest.raises(ValueError, match=r"needs c > 0"):
             get_solver(solver, "exact")(op, Y, loss, torch.tensor([2.0, -1.0, 1.0], dtype=F64))
+
+
+@pytest.mark.parametrize("name", ["huber", "squared_hinge", "logistic"])
+def test_line_search_steps_to_the_minimiser_along_a_long_step(name):
+    """A step so long that the primal rises at ``t = 1`` (Armijo's condition fails): the line search returns a step whose
+    primal ``1/2 |beta + t d|^2 + sum_i c l(y_i, f_i + t z_i)`` is within 1e-3 (relative to the decrease) of the
+    smallest on a grid of 2001 steps in ``[0, 1]`` (the loss's own ``value``; Armijo's halving stopped at the first
+    power of 1/2 that met the condition)."""
+    from joker_ext.distributed import SingleProcess
+    from joker_ext.primal_newton import _line_search
+
+    g = torch.Generator().manual_seed(5)
+    n, M = 400, 12
+    loss = get_loss(name)
+    Phi = torch.randn(n, M, generator=g, dtype=F64)
+    y = torch.randn(n, 1, generator=g, dtype=F64)
+    Y = torch.sign(y) if loss.margin else y
+    c = torch.full((n, 1), 3.0, dtype=F64)
+    beta = 0.1 * torch.randn(M, 1, generator=g, dtype=F64)
+
+    def primal(b):
+        return 0.5 * float((b * b).sum()) + float((c * loss.value(Y, Phi @ b)).sum())
+
+    a, _ = loss.smoothed_dual(Phi @ beta, Y, c, 0.0)
+    grad = beta - Phi.T @ a
+    D = -torch.linalg.solve(torch.eye(M, dtype=F64) + Phi.T @ Phi, grad)  # a descent direction
+    while not primal(beta + D) > primal(beta):  # made long enough for Armijo's condition to fail at t = 1
+        D = 2.0 * D
+    t = _line_search(loss, Y, c, beta, D, Phi @ beta, Phi @ D, grad, 0.0, SingleProcess())
+    grid = [primal(beta + s * D) for s in np.linspace(0.0, 1.0, 2001)]
+    assert 0 < t < 1
+    assert primal(beta + t * D) - min(grid) <= 1e-3 * (primal(beta) - min(grid))
