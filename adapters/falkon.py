@@ -771,11 +771,12 @@ class JokerFalkon(_FalkonFace):
         The kinked losses, which Falkon lacks (hinge, absolute, pinball, epsilon-insensitive), are solved by a
         smoothing continuation, which needs more of them: 20-170 to the default tol at penalties 1e-4 to 1e-8
         (n = 3000, M = 500). Absolute, epsilon-insensitive and pinball (quantiles 0.25-0.75) first take an
-        interior-point solve of their dual where the features fit ``newton_cache`` (n M numbers up to 256 MB),
-        which ends most fits within 20 (20 of 24 settings at n = 2000-5000, penalties 1e-5 to 1e-8, in 11-18
-        iterations; ``python -m joker_ext.comparisons.benchmarks.kinked_start``); the hinge loss there takes the
-        exact kernels' working-set engine on the features' linear kernel, which ends the fit in one iteration
-        (0.35-3.3 s at n = 2000-5000, penalties 1e-6 to 1e-8). A fit stopped at ``maxiter`` far
+        interior-point solve of their dual (M up to 4096), which ends most fits within 20 (all 24 settings at
+        n = 2000-5000, penalties 1e-5 to 1e-8, in 10-18 iterations; ``python -m
+        joker_ext.comparisons.benchmarks.kinked_start``); where the features fit ``newton_cache`` (n M numbers up
+        to 256 MB), the hinge loss, and those whose interior point goes astray (wide kernels at tiny penalties),
+        take the exact kernels' working-set engine on the features' linear kernel, which ends the fit in one
+        iteration (0.35-3.3 s at n = 2000-5000, penalties 1e-6 to 1e-8). A fit stopped at ``maxiter`` far
         from its tol ends with ``status_ == 'max_iter'`` (``relative_gap_`` says how far it got) and a
         ConvergenceWarning, which Falkon's own losses never raise: give them ``maxiter=300``.
         With ``solver='dbcd_tr'`` ``maxiter`` counts epochs as described next. ``solver_`` holds the engine
