@@ -330,7 +330,8 @@ def plan_newton(max_memory: Union[int, str], n: int, d: int, T: int = 1, *, n_fe
     the estimate does not fit: the rank halves down to :data:`SOFT_NEWTON_RANK` (cheap: measured on an H200,
     flights 200k, M = 20,000, rank 1000 -> 256 cost 21 -> 25 passes), the chunks halve down to
     :data:`MIN_NEWTON_CHUNK` rows (chunks a quarter the size cost 4x the time there: a pass of small chunks is
-    launch-bound), the rank halves down to :data:`MIN_NEWTON_RANK` (rank 64: 119 passes). ``sketch_rows`` is
+    launch-bound), the rank halves down to :data:`MIN_NEWTON_RANK` (rank 64: 119 passes). At the chunks it ends
+    with, the largest rank tried on the way that fits is taken. ``sketch_rows`` is
     the sketch's sample size at the requested rank (it shrinks with the
     rank, as :func:`joker_ext.primal_newton.default_sketch_rows` does, never below 8192 rows). Before either, a
     ``resident`` copy of the inputs is dropped (the passes then stream them: ``n d`` numbers copied per pass,
@@ -347,19 +348,27 @@ def plan_newton(max_memory: Union[int, str], n: int, d: int, T: int = 1, *, n_fe
                                    pass_itemsize=pass_itemsize, device=device, resident=resident,
                                    newton_cache=False)
 
+    ranks = [k]  # the ranks tried, largest first
     while True:
         est = estimate(k, r)
         if est.total <= budget:
+            # the rank was halved before the chunks were: at the chunks it ends with, a larger one may fit again
+            # (GPU default budget, 1M rows, M = 20,000: rank 256 -> 500 at the same 419-row chunks)
+            for larger in ranks[:-1]:
+                if larger > k and estimate(larger, r).total <= budget:
+                    return larger, r, resident, estimate(larger, r)
             return k, r, resident, est
         if resident:
             resident = False
             continue
         if k > SOFT_NEWTON_RANK:
             k = max(SOFT_NEWTON_RANK, k // 2)
+            ranks.append(k)
         elif r > MIN_NEWTON_CHUNK:
             r = max(MIN_NEWTON_CHUNK, r // 2)
         elif k > MIN_NEWTON_RANK:
             k = max(MIN_NEWTON_RANK, k // 2)
+            ranks.append(k)
         else:
             raise ValueError(f"max_memory={max_memory!r} is too small for the feature Newton engine with n={n}, "
                              f"M={M}: even rank {k} and chunks of {r} rows need {est}")

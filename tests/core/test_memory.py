@@ -201,6 +201,28 @@ def test_plan_newton_shrinks_what_holds_the_peak_and_refuses_impossible_budgets(
         plan_newton(15 * 2**20, 200_000, 25, **kw)  # the n-vectors alone need 16 MB
 
 
+def test_plan_newton_takes_back_the_largest_rank_that_fits_at_its_final_chunks():
+    """The rank halves (1000 -> 500 -> 256) before the chunks do (838 -> 419); at 419-row chunks rank 500 fits the
+    budget again and is what the plan returns: the largest rank tried whose estimate (``estimate_fit_memory``, the
+    plan's own measure) fits at those chunks, while rank 1000 does not."""
+    from joker_ext.memory import estimate_fit_memory
+
+    n, d, M = 1_000_000, 28, 20_000
+    kw = dict(n_features=M, rank=1000, sketch_rows=8192, chunk_rows=838, itemsize=8, pass_itemsize=4,
+              device="cuda")
+    budget = 349 * 10**6
+
+    def total(k, r):
+        return estimate_fit_memory(n, d, 1, n_features=M, chunk_rows=r, itemsize=8, solver="newton", newton_rank=k,
+                                   newton_sketch_rows=min(8192, max(8 * k, 8192)), pass_itemsize=4, device="cuda",
+                                   resident=False, newton_cache=False).total
+
+    assert total(500, 838) > budget and total(256, 838) > budget  # the chunks must halve ...
+    k, r, resident, est = plan_newton(budget, n, d, **kw)
+    assert (k, r, resident) == (500, 419, False) and est.total <= budget
+    assert total(1000, 419) > budget  # ... and at their final size rank 500 is the largest that fits
+
+
 def test_max_memory_plans_the_newton_fit_which_reaches_the_same_optimum():
     """A budget below the default Newton fit's estimate: a smaller rank and chunks, the same optimum (closed
     form of the feature-space ridge regression)."""
