@@ -810,10 +810,12 @@ class _Passes:
 
     def _mapped_features(self):
         """Yields ``(start, stop, G T)`` (the solver dtype) over the kept features, mapped on the first call and kept
-        until :meth:`release_mapped` (``n M`` numbers more: the interior point forms ``Phi^T E Phi`` at every
-        iterate)."""
+        until :meth:`release_mapped`: ``n M`` numbers more than the kept features (at most
+        :data:`~joker_ext.defaults.FEATURE_CACHE_BYTES` again, which :func:`joker_ext.memory.estimate_fit_memory`
+        does not count; no memory budget plans a fit that takes this path), while the interior point forms
+        ``Phi^T E Phi`` at every iterate, and for the rest of the fit once :attr:`accurate_hessian` is set."""
         if self._mapped is None:
-            self._mapped = [(start, stop, self.basis.features(G.to(self.dtype).clone()))
+            self._mapped = [(start, stop, self.basis.features(G.to(self.dtype)))
                             for start, stop, G in self._product_features()]
         yield from self._mapped
 
