@@ -354,9 +354,10 @@ def plan_newton(max_memory: Union[int, str], n: int, d: int, T: int = 1, *, n_fe
         if est.total <= budget:
             # the rank was halved before the chunks were: at the chunks it ends with, a larger one may fit again
             # (GPU default budget, 1M rows, M = 20,000: rank 256 -> 500 at the same 419-row chunks)
-            for larger in ranks[:-1]:
-                if larger > k and estimate(larger, r).total <= budget:
-                    return larger, r, resident, estimate(larger, r)
+            for larger in ranks[:-1]:  # (k is the last)
+                est_larger = estimate(larger, r)
+                if est_larger.total <= budget:
+                    return larger, r, resident, est_larger
             return k, r, resident, est
         if resident:
             resident = False

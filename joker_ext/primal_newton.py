@@ -526,8 +526,10 @@ class _Basis:
         return self.fmap(Xc)
 
     def features(self, G: torch.Tensor) -> torch.Tensor:
-        """``G T`` for rows ``G`` of Nystrom features (``G R^{-1}``, a triangular solve), ``G`` itself otherwise (random
-        features' scale is applied by their users)."""
+        """``Phi = G T`` for rows ``G`` (a new tensor unless ``T = I``; Nystrom features: ``G R^{-1}``, a triangular
+        solve)."""
+        if self.kind == "random":
+            return G * self.scale
         if self.kind == "nystrom":
             return torch.linalg.solve_triangular(self.R, G, upper=True, left=False)
         return G
@@ -815,8 +817,7 @@ class _Passes:
         does not count; no memory budget plans a fit that takes this path), while the interior point forms
         ``Phi^T E Phi`` at every iterate, and for the rest of the fit once :attr:`accurate_hessian` is set."""
         if self._mapped is None:
-            self._mapped = [(start, stop, self.basis.features(G.to(self.dtype)))
-                            for start, stop, G in self._product_features()]
+            self._mapped = list(self._kept_rows())
         yield from self._mapped
 
     def release_mapped(self) -> None:
@@ -839,24 +840,24 @@ class _Passes:
         self.passes += 1
         return out
 
-    def _kept_transposed(self):
-        """Yields ``(start, stop, Phi[start:stop]^T)`` (``M x rows``, the internal basis, the solver dtype) over the
-        kept features: ``(G T)^T = T^T G^T``."""
+    def _kept_rows(self):
+        """Yields ``(start, stop, Phi[start:stop])`` (the internal basis, the solver dtype) over the kept features:
+        ``G T`` (:meth:`_Basis.features`)."""
         for start, stop, G in self._product_features():
-            yield start, stop, self.basis.left(G.T.to(self.dtype).clone())
+            yield start, stop, self.basis.features(G.to(self.dtype))
 
     def kept_matrix(self) -> torch.Tensor:
         """``Phi`` (``n x M``, the internal basis, the solver dtype) assembled from the kept features."""
         out = torch.empty(self.n, self.M, dtype=self.dtype, device=self.device)
-        for start, stop, rows in self._kept_transposed():
-            out[start:stop] = rows.T
+        for start, stop, rows in self._kept_rows():
+            out[start:stop] = rows
         return out
 
     def feature_norms(self) -> torch.Tensor:
         """``|phi_i|^2`` for every row (the diagonal of ``Phi Phi^T``), from the kept features."""
         out = torch.empty(self.n, dtype=self.dtype, device=self.device)
-        for start, stop, rows in self._kept_transposed():
-            out[start:stop] = (rows * rows).sum(0)
+        for start, stop, rows in self._kept_rows():
+            out[start:stop] = (rows * rows).sum(1)
         self.passes += 1
         return out
 
@@ -897,21 +898,17 @@ class _Passes:
         :data:`BAND_ROWS_SHARE` of the rows, from the band's features alone."""
         gram = torch.zeros(self.M, self.M, dtype=self.dtype, device=self.device)
         band = torch.nonzero(w).reshape(-1)  # the rows with curvature (kinked losses: the smoothing's band)
+        # the kept chunks, mapped once (_mapped_features), where the rows with curvature are many
+        premapped = mapped and self._cache_full and band.numel() > BAND_ROWS_SHARE * self.n
 
         def add(Gd, weights):
             Gd = Gd.to(self.dtype)
-            if mapped:
+            if mapped and not premapped:
                 Gd = self.basis.features(Gd)
             gram.addmm_(Gd.T, Gd * weights.unsqueeze(1))
 
-        if mapped and self._cache_full and band.numel() > BAND_ROWS_SHARE * self.n:
-            for start, stop, Phi in self._mapped_features():
-                rows = torch.nonzero(w[start:stop]).reshape(-1)
-                if rows.numel():
-                    Pd = Phi if rows.numel() == stop - start else Phi.index_select(0, rows)
-                    gram.addmm_(Pd.T, Pd * w[start + rows].unsqueeze(1))
-        elif self._cache_full or band.numel() > BAND_ROWS_SHARE * self.n:
-            for start, stop, G in self._product_features():
+        if self._cache_full or band.numel() > BAND_ROWS_SHARE * self.n:
+            for start, stop, G in (self._mapped_features() if premapped else self._product_features()):
                 rows = torch.nonzero(w[start:stop]).reshape(-1)
                 if rows.numel():
                     add(G if rows.numel() == stop - start else G.index_select(0, rows), w[start + rows])
