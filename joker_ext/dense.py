@@ -40,7 +40,8 @@ from typing import Tuple
 
 import torch
 
-__all__ = ["cholesky_ex", "cholesky_shifted", "cholesky_solve", "scipy_blas_on_one_thread"]
+__all__ = ["MIXED_PRECISION_MIN", "RefinedCholesky", "cholesky_ex", "cholesky_shifted", "cholesky_solve",
+           "scipy_blas_on_one_thread"]
 
 
 def _scipy_potrf(dtype: torch.dtype):
@@ -141,3 +142,58 @@ def cholesky_shifted(H: torch.Tensor) -> torch.Tensor:
         H.diagonal().add_(step - shift)
         shift, step = step, step * 10.0
     raise torch.linalg.LinAlgError("the Newton system could not be factored")
+
+
+#: Order from which the engines factor float64 systems in float32 and refine the solves (:class:`RefinedCholesky`;
+#: below it a factorisation is too cheap for the refinements' products to pay off).
+MIXED_PRECISION_MIN = 1024
+
+
+class RefinedCholesky:
+    """``H^{-1} R`` in the precision of ``R`` (float64) through a float32 Cholesky factor of ``H``: mixed-precision
+    iterative refinement, ``X += (L L^T)^{-1} (R - H X)``, the residual formed in float64 by ``residual(R, X)``.
+
+    A float32 factorisation costs half a float64 one on the CPU (0.17 s against 0.33 s at m = 4000 on two cores).
+    Each refinement divides the error by about ``cond(H) eps_32`` (so it converges when that is below 1) and costs
+    two triangular solves and one ``residual``. A refinement that does not shrink the residual is dropped (the factor
+    is then too inexact for ``H``); :attr:`residual` says how far the last solve got, so that a caller that needs
+    float64's accuracy can factor in float64 instead.
+
+    Parameters
+    ----------
+    L : Tensor (m, m), float32
+        The lower Cholesky factor of ``H`` rounded to float32.
+    residual : callable
+        ``(R, X) -> R - H X`` in the caller's precision, for ``R`` and ``X`` of shape (m, k).
+    refinements : int
+        Largest number of refinement steps per solve.
+    refined : float
+        A solve stops refining once ``max |R - H X|`` is at most this times ``max |R|``.
+    """
+
+    def __init__(self, L: torch.Tensor, residual, refinements: int, refined: float):
+        self.L, self._residual = L, residual
+        self.refinements, self.refined = refinements, refined
+        self.residual = 0.0  # max |R - H X| / max |R| of the last solve
+
+    def solve(self, R: torch.Tensor) -> torch.Tensor:
+        """``H^{-1} R`` for ``R`` of shape (m, k)."""
+        X = self._solve32(R)
+        residual = self._residual(R, X)
+        scale = float(R.abs().max())
+        size = float(residual.abs().max())
+        for _ in range(self.refinements):
+            if size <= self.refined * scale:
+                break
+            refined = X + self._solve32(residual)
+            new_residual = self._residual(R, refined)
+            new_size = float(new_residual.abs().max())
+            if not new_size <= size:  # the factor is too inexact to refine
+                break
+            X, residual, size = refined, new_residual, new_size
+        self.residual = size / scale if scale > 0 else 0.0
+        return X
+
+    def _solve32(self, R: torch.Tensor) -> torch.Tensor:
+        return cholesky_solve(R.to(torch.float32), self.L).to(R.dtype)
+

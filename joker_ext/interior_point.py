@@ -25,7 +25,7 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
-from .dense import cholesky_ex, cholesky_shifted, cholesky_solve
+from .dense import MIXED_PRECISION_MIN, RefinedCholesky, cholesky_ex, cholesky_shifted, cholesky_solve
 
 __all__ = ["solve_box_qp", "box_qp_iterates"]
 
@@ -37,8 +37,6 @@ COMPLEMENTARITY_TOL = 1e-11
 RESIDUAL_TOL = 1e-9
 #: Fraction of the distance to the boundary a step may go.
 TO_BOUNDARY = 0.995
-#: Problems of at least this many coordinates (in float64) factor ``Q + D`` in float32 (:class:`_Factor`).
-MIXED_PRECISION_MIN = 1024
 #: Largest number of refinement steps per solve through a float32 factor.
 REFINEMENTS = 2
 #: A float32 solve's refinement stops once the residual is below this share of the right-hand side.
@@ -201,6 +199,9 @@ def box_qp_iterates(Q, lin: torch.Tensor, kink: float, lo: torch.Tensor, hi: tor
     eta = 0.0
     scale = max(1.0, float(lin.abs().max()))
     converged = False
+    # float64 problems of at least MIXED_PRECISION_MIN coordinates factor in float32 (:class:`_Factor`)
+    mixed = torch.is_tensor(Q) and Q.dtype == torch.float64 and m >= MIXED_PRECISION_MIN
+    Q32 = Q.to(torch.float32) if mixed else None
     for it in range(MAX_ITERATIONS):
         a = var.point(u, v)
         Qa = Q @ a
@@ -223,7 +224,7 @@ def box_qp_iterates(Q, lin: torch.Tensor, kink: float, lo: torch.Tensor, hi: tor
         curv = var.curvatures(s, z)
         if not bool(torch.isfinite(curv[2]).all()):
             break  # a bound reached in floating point: the caller falls back
-        L = _factor(Q, curv[2])
+        L = _factor(Q, curv[2], Q32)
         if L is None:
             break
         # predictor (affine scaling), then the corrector aimed at sigma mu with the predictor's second-order term
@@ -245,27 +246,31 @@ class _Factor:
     """``(Q + diag(D))^{-1}`` through a Cholesky factor.
 
     Problems of at least :data:`MIXED_PRECISION_MIN` coordinates in float64 factor in float32 (half the time of a
-    float64 factorisation: 0.17 s against 0.33 s at m = 4000 on two cores) and refine each solve in float64:
-    ``x += (L L^T)^{-1} (r - (Q + D) x)``, at most :data:`REFINEMENTS` times, each an ``m^2`` product. The
+    float64 factorisation: 0.17 s against 0.33 s at m = 4000 on two cores) and refine each solve in float64
+    (:class:`~joker_ext.dense.RefinedCholesky`, at most :data:`REFINEMENTS` times, each an ``m^2`` product). The
     interior point needs no more than Newton directions whose error its next iteration corrects (its residuals
     are recomputed in float64 from ``Q a``), and its answer is snapped to its active sets in float64 by the caller.
-    A float32 factorisation that fails is replaced by a float64 one; a refinement that does not shrink the residual
-    is dropped. Measured (epsilon-insensitive with the intercept, ``make_friedman1``, gamma 0.1, two cores, two
-    alternating runs each), where subproblems of 1,900-4,300 coordinates go to the interior point: n = 4000, C = 10,
-    2.6-2.9 s -> 1.7 s; n = 10,000, C = 1, 3.1-3.2 s -> 2.4-2.6 s; C = 10, 21.3-21.7 s -> 19.3-20.7 s (the
-    active-set steps that finish each subproblem from the interior point's iterate factor in float64 and take the
-    rest). Primal objectives equal to 12 digits, the same gaps of 1e-14.
+    A float32 factorisation that fails is replaced by a float64 one. ``Q`` in float32 (``Q32``) is made once per
+    solve by :func:`box_qp_iterates`; each factorisation writes ``D`` into its diagonal and puts the diagonal back
+    (one conversion of ``Q`` per iteration was 8% of an iteration at m = 4000). Measured (epsilon-insensitive with
+    the intercept, ``make_friedman1``, gamma 0.1, two cores, two alternating runs each), where subproblems of
+    1,900-4,300 coordinates go to the interior point: n = 4000, C = 10, 2.6-2.9 s -> 1.7 s; n = 10,000, C = 1,
+    3.1-3.2 s -> 2.4-2.6 s; C = 10, 21.3-21.7 s -> 19.3-20.7 s (the active-set steps that finish each subproblem
+    from the interior point's iterate factor in float64 and take the rest). Primal objectives equal to 12 digits,
+    the same gaps of 1e-14.
     """
 
-    def __init__(self, Q: torch.Tensor, D: torch.Tensor):
+    def __init__(self, Q: torch.Tensor, D: torch.Tensor, Q32: Optional[torch.Tensor] = None):
         self.Q, self.D = Q, D
-        self.L = None
-        if Q.dtype == torch.float64 and Q.shape[0] >= MIXED_PRECISION_MIN:
-            H = Q.to(torch.float32)
-            H.diagonal().add_(D.to(torch.float32))
-            L, info = cholesky_ex(H)
-            self.L = L if int(info) == 0 else None
-        self.mixed = self.L is not None
+        self.refined = None
+        if Q32 is not None:
+            diagonal = Q32.diagonal().clone()
+            Q32.diagonal().add_(D.to(torch.float32))
+            L, info = cholesky_ex(Q32)
+            Q32.diagonal().copy_(diagonal)
+            if int(info) == 0:
+                self.refined = RefinedCholesky(L, self._residual, REFINEMENTS, REFINED)
+        self.mixed = self.refined is not None
         if not self.mixed:
             H = Q.clone()
             H.diagonal().add_(D)
@@ -273,34 +278,18 @@ class _Factor:
 
     def solve(self, R: torch.Tensor) -> torch.Tensor:
         """``(Q + D)^{-1} R`` for ``R`` of shape (m, k)."""
-        if not self.mixed:
-            return cholesky_solve(R, self.L)
-        X = self._solve32(R)
-        residual = self._residual(R, X)
-        bound = REFINED * float(R.abs().max())
-        for _ in range(REFINEMENTS):
-            size = float(residual.abs().max())
-            if size <= bound:
-                break
-            refined = X + self._solve32(residual)
-            new_residual = self._residual(R, refined)
-            if not float(new_residual.abs().max()) <= size:  # the factor is too inexact to refine
-                break
-            X, residual = refined, new_residual
-        return X
-
-    def _solve32(self, R: torch.Tensor) -> torch.Tensor:
-        return cholesky_solve(R.to(torch.float32), self.L).to(R.dtype)
+        return self.refined.solve(R) if self.mixed else cholesky_solve(R, self.L)
 
     def _residual(self, R: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
         return R - self.Q @ X - self.D.unsqueeze(1) * X
 
 
-def _factor(Q, D: torch.Tensor):
-    """The factor of ``Q + diag(D)`` (:class:`_Factor`, or the operator's own), or None when it cannot be factored."""
+def _factor(Q, D: torch.Tensor, Q32: Optional[torch.Tensor] = None):
+    """The factor of ``Q + diag(D)`` (:class:`_Factor`, or the operator's own), or None when it cannot be factored;
+    ``Q32``: ``Q`` in float32, to factor in mixed precision."""
     if not torch.is_tensor(Q):
         return Q.factor(D)
     try:
-        return _Factor(Q, D)
+        return _Factor(Q, D, Q32)
     except torch.linalg.LinAlgError:
         return None

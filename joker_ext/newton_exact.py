@@ -63,7 +63,7 @@ from typing import Optional
 import torch
 
 from .active_set import active_set
-from .dense import cholesky_shifted, cholesky_solve
+from .dense import MIXED_PRECISION_MIN, RefinedCholesky, cholesky_ex, cholesky_shifted, cholesky_solve
 from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag
 from .losses import Loss
 from .memory import is_out_of_memory
@@ -75,6 +75,22 @@ __all__ = ["exact_newton", "cholesky_solve"]
 
 ARMIJO = 1e-4
 MAX_HALVINGS = 40
+#: The primal Newton system factors in float32 when its conditioning bound times float32's epsilon is at most this
+#: (the bound is loose: at 0.035 the refinements still reached residuals of 4e-15).
+MIXED_CONTRACTION = 1.0
+#: Refinements per solve through a float32 factor (it stops earlier when one does not shrink the residual), and the
+#: residual (relative to the right-hand side) below which the solve is taken (else a float64 factor solves it).
+REFINEMENTS = 6
+REFINED = 1e-12
+
+
+def _scaled_system(K: torch.Tensor, root: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``I + diag(root) K diag(root)`` in ``dtype`` (a copy of ``K`` scaled in place: three passes over ``n^2``
+    numbers, no temporary of that size)."""
+    B = K.to(dtype=dtype, copy=True)
+    r = root.to(dtype)
+    B.mul_(r.unsqueeze(1)).mul_(r.unsqueeze(0)).diagonal().add_(1.0)
+    return B
 
 
 class _Column:
@@ -90,6 +106,7 @@ class _Column:
         # a warm start, else from w = 0 (f = 0, whose dual point the default start ``a`` is)
         self.primal = not loss.quadratic and not smoothing
         self.w, self.fw = None, None
+        self.K_inf: Optional[float] = None  # |K|_inf, for the primal Newton system's conditioning
         if self.primal:
             self.w, self.fw = (a.clone(), f.clone()) if warm else (torch.zeros_like(a), torch.zeros_like(f))
 
@@ -108,12 +125,7 @@ class _Column:
         a, W = self.loss.smoothed_dual(fw, self.y, self.c)
         b = W * fw + a
         root = W.sqrt()
-        B = K * root.unsqueeze(1)
-        B.mul_(root.unsqueeze(0)).diagonal().add_(1.0)
-        L = cholesky_shifted(B)
-        del B
-        w_new = b - root * cholesky_solve((root * (K @ b)).unsqueeze(1), L).squeeze(1)
-        del L
+        w_new = b - root * self._solve_system(root, (root * (K @ b)).unsqueeze(1)).squeeze(1)
         d, fd = w_new - w, K @ w_new - fw
         slope = float(fd @ (w - a))  # d^T grad P(w), grad P(w) = K (w - a)
         if not slope < 0:
@@ -132,6 +144,31 @@ class _Column:
                 return True
             t *= 0.5
         return False
+
+    def _solve_system(self, root: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+        """``B^{-1} V`` with ``B = I + diag(root) K diag(root)``: through a float32 factor refined in float64 when
+        ``K`` is float64, of order at least :data:`~joker_ext.dense.MIXED_PRECISION_MIN`, and the bound
+        ``cond(B) <= 1 + max(root)^2 |K|_inf`` times float32's epsilon is at most :data:`MIXED_CONTRACTION`; else (or
+        when the refinements stop short of :data:`REFINED`) through a float64 factor. The solves are refined until
+        a refinement no longer shrinks the residual: refined only to 1e-12, the Newton steps (``w_new = b - ...``, a
+        difference of large terms near the optimum) lost accuracy and fits took 1.7-6x the iterations at C = 100-776.
+        Logistic loss with the intercept, two cores, against float64 factors (``make_classification`` d = 5, and
+        ``make_moons``, gamma 0.2): n = 4000, C = 10, 7.2 -> 5.1 s; n = 6000, C = 0.06 and 0.23, 12.0 -> 8.3 s and
+        13.9 -> 9.7 s; C = 776, 47.4 -> 32.6 s; the same iteration counts and primal objectives to 14 digits."""
+        K = self.K
+        if K.dtype == torch.float64 and K.shape[0] >= MIXED_PRECISION_MIN:
+            if self.K_inf is None:
+                self.K_inf = float(torch.linalg.matrix_norm(K, ord=math.inf))
+            if (1.0 + float(root.max()) ** 2 * self.K_inf) * torch.finfo(torch.float32).eps <= MIXED_CONTRACTION:
+                L, info = cholesky_ex(_scaled_system(K, root, torch.float32))
+                if int(info) == 0:
+                    scale = root.unsqueeze(1)
+                    solver = RefinedCholesky(L, lambda R, X: R - X - scale * (K @ (scale * X)), REFINEMENTS, 0.0)
+                    X = solver.solve(V)
+                    if solver.residual <= REFINED:
+                        return X
+        L = cholesky_shifted(_scaled_system(K, root, K.dtype))
+        return cholesky_solve(V, L)
 
     def step(self) -> bool:
         """One iteration: the primal Newton step for smooth non-quadratic conjugates, else a projected Newton step

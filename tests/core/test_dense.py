@@ -3,7 +3,9 @@ taken when torch runs on one thread, unless a test says otherwise)."""
 import pytest
 import torch
 
-from joker_ext.dense import cholesky_ex, cholesky_solve
+import numpy as np
+
+from joker_ext.dense import RefinedCholesky, cholesky_ex, cholesky_solve
 
 
 @pytest.fixture(autouse=True)
@@ -159,3 +161,45 @@ def test_cholesky_solve_matches_a_plain_solve_for_either_layout(threads):
 def test_a_matrix_that_is_not_square_is_refused_as_torch_refuses_it():
     with pytest.raises(RuntimeError, match="square"):
         cholesky_ex(torch.ones(3, 4, dtype=torch.float64))
+
+
+def _conditioned(m: int, cond: float, seed: int) -> torch.Tensor:
+    """An SPD matrix with eigenvalues spread log-uniformly over ``[1, cond]``."""
+    g = torch.Generator().manual_seed(seed)
+    Q, _ = torch.linalg.qr(torch.randn(m, m, generator=g, dtype=torch.float64))
+    return (Q * torch.logspace(0, np.log10(cond), m, dtype=torch.float64)) @ Q.T
+
+
+@pytest.mark.parametrize("cond", [1e2, 1e5])
+def test_refined_cholesky_reaches_float64_accuracy_from_a_float32_factor(cond):
+    """A float32 factor refined in float64 solves to float64's accuracy (numpy's float64 solve as the reference) where
+    ``cond eps_32 < 1``; without refinements it is only float32-accurate."""
+    H = _conditioned(200, cond, seed=1)
+    R = torch.randn(200, 2, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    L, info = cholesky_ex(H.to(torch.float32))
+    assert int(info) == 0
+    reference = np.linalg.solve(H.numpy(), R.numpy())
+    refined = RefinedCholesky(L, lambda R, X: R - H @ X, refinements=8, refined=0.0)
+    X = refined.solve(R)
+    # float64's own residual floor: eps_64 |H| |X| (|H| = cond here)
+    assert X.dtype == torch.float64 and refined.residual < 1e-14 * cond * float(X.abs().max() / R.abs().max())
+    np.testing.assert_allclose(X.numpy(), reference, rtol=0, atol=1e-13 * cond * np.abs(reference).max())
+    plain = RefinedCholesky(L, lambda R, X: R - H @ X, refinements=0, refined=0.0)
+    X0 = plain.solve(R)
+    assert plain.residual > 1e-9  # float32's rounding, which the refinements removed
+    assert np.abs(X0.numpy() - reference).max() > 100 * np.abs(X.numpy() - reference).max()
+
+
+def test_refined_cholesky_reports_a_factor_too_inexact_to_refine():
+    """A factor too far from ``H`` for the refinements to converge (here that of ``0.3 H``, whose refinement
+    multiplies the error by ``1 - 1 / 0.3``): the first refinement grows the residual and is dropped, and
+    :attr:`residual` stays far above float64's rounding, so that a caller falls back to a float64 factor."""
+    H = _conditioned(200, 1e3, seed=3)
+    L, info = cholesky_ex((0.3 * H).to(torch.float32))
+    assert int(info) == 0
+    R = torch.randn(200, 1, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    refined = RefinedCholesky(L, lambda R, X: R - H @ X, refinements=6, refined=0.0)
+    X = refined.solve(R)
+    assert refined.residual > 1.0  # |R - H (0.3 H)^{-1} R| = (1 / 0.3 - 1) |R|
+    reference = torch.linalg.solve(0.3 * H, R)  # the unrefined float32 solve, kept
+    torch.testing.assert_close(X, reference, rtol=0, atol=1e-3 * float(reference.abs().max()))

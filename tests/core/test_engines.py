@@ -89,11 +89,29 @@ def test_feature_newton_logistic_matches_scikit_learn_logistic_regression():
     np.testing.assert_allclose(m.beta[:, 0].numpy(), sk.coef_[0], rtol=1e-4, atol=1e-6)  # lbfgs stops near 1e-7
 
 
-def test_exact_newton_logistic_is_scikit_learn_logistic_regression_in_a_few_primal_newton_steps():
+def _spy(cls, made: list):
+    """``cls``, recording every instance it makes in ``made``."""
+    class Spy(cls):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+    return Spy
+
+
+@pytest.mark.parametrize("mixed", [False, True], ids=["float64_system", "float32_system_refined"])
+def test_exact_newton_logistic_is_scikit_learn_logistic_regression_in_a_few_primal_newton_steps(mixed, monkeypatch):
     """Exact kernel, logistic loss ('auto' takes the exact Newton engine, which steps on the primal for it): the
     model of scikit-learn's LogisticRegression on features ``L`` with ``L L^T = K``, in 6-8 iterations (C = 1 to
-    100). Projected Newton on the dual took 19-20 from ``a = 0`` and 12-13 from the middle of the box."""
+    100). Projected Newton on the dual took 19-20 from ``a = 0`` and 12-13 from the middle of the box. Both ways of
+    solving the Newton system: a float64 factor, and a float32 factor refined in float64 (forced here at n = 1000;
+    the solves must have gone that way)."""
     from sklearn.linear_model import LogisticRegression
+
+    from joker_ext import newton_exact
+
+    monkeypatch.setattr(newton_exact, "MIXED_PRECISION_MIN", 1 if mixed else 10**9)
+    mixed_solves = []
+    monkeypatch.setattr(newton_exact, "RefinedCholesky", _spy(newton_exact.RefinedCholesky, mixed_solves))
 
     from sklearn.datasets import make_classification
 
@@ -104,6 +122,7 @@ def test_exact_newton_logistic_is_scikit_learn_logistic_regression_in_a_few_prim
                  c=torch.full((len(y),), C, dtype=F64), kernel=kernel, options=SolverOptions(tol=1e-14, max_iter=50),
                  solver="auto")
     assert m.extra["solver"] == "newton" and m.result.status == "converged" and m.result.n_iter <= 10
+    assert len(mixed_solves) == (m.result.n_iter if mixed else 0)
     K = kernel(torch.as_tensor(X), torch.as_tensor(X))
     L = torch.linalg.cholesky(K + 1e-10 * torch.eye(len(y), dtype=F64)).numpy()
     sk = LogisticRegression(C=C, fit_intercept=False, tol=1e-12, max_iter=10000).fit(L, y)
