@@ -760,9 +760,10 @@ class JokerFalkon(_FalkonFace):
         Add an unregularized bias ``b`` per output: ``f(x) + b`` with ``f`` penalised as above and ``b`` not (for the
         squared loss on the exact kernel, the solution of ``[[K + n penalty I, 1], [1^T, 0]] [alpha; b] = [y; 0]``).
         Falkon has no intercept, so the default keeps its model. Engines that fit ``b`` themselves (the exact
-        kernel's 'active_set' and 'working_set') do; around the others (the Newton engine with features,
-        DBCD-TR) runs the intercept search of :mod:`joker_ext.intercept` (``fit_plan_.intercept == 'search'``;
-        ``maxiter`` is then the budget of all its solves). ``intercept_`` holds ``b``.
+        kernel's 'active_set', 'working_set' and, for the built-in losses, 'newton') do; around the others (the
+        Newton engine with features, DBCD-TR) runs the intercept search of :mod:`joker_ext.intercept`
+        (``fit_plan_.intercept == 'search'``; ``maxiter`` is then the budget of all its solves). ``intercept_``
+        holds ``b``.
     solver : str, default 'auto' (keyword only)
         The engine (:mod:`joker_ext.engines`). 'auto' takes the Newton engine with features (Nystrom or
         random, every loss; the kinked ones through a centred smoothing continuation) and the exact-kernel

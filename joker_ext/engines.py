@@ -42,13 +42,16 @@ import threading
 import time
 import warnings
 from contextlib import contextmanager
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 
 from .defaults import BLOCK_EPOCHS, ROUNDING_GAP
 from .defaults import default_max_iter as block_iterations
 from .results import SolverResult
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .losses import Loss
 
 __all__ = ["at_rounding_floor", "register_solver", "get_solver", "available_solvers", "resolve_solver",
            "supports_intercept", "supports_distributed", "Monitor",
@@ -77,18 +80,19 @@ DBCD_EPOCHS = BLOCK_EPOCHS
 SEARCH_BUDGETS = 5
 
 _SOLVERS: Dict[Tuple[str, str], Callable] = {}
-_WITH_INTERCEPT = set()
+_WITH_INTERCEPT: Dict[Tuple[str, str], Callable] = {}
 _DISTRIBUTED = set()
 
 
 def register_solver(name: str, mode: str, engine: Callable, *, overwrite: bool = False,
-                    intercept: bool = False, distributed: bool = False) -> None:
+                    intercept: Union[bool, Callable[[Loss], bool]] = False, distributed: bool = False) -> None:
     """Register ``engine`` as solver ``name`` for operators of ``mode`` ('exact' or 'features').
 
     ``intercept=True`` declares that the engine takes ``intercept=True`` and then fits an unregularized
-    intercept itself (the dual constraint ``sum_i alpha_i = 0``), returned as ``state['intercept']``;
-    around the other engines :func:`joker_ext.model.fit_dual` runs the intercept search of
-    :mod:`joker_ext.intercept`. ``distributed=True`` declares that
+    intercept itself (the dual constraint ``sum_i alpha_i = 0``), returned as ``state['intercept']``; a callable
+    ``intercept(loss) -> bool`` declares it for the losses it accepts. Around the other engines (and losses)
+    :func:`joker_ext.model.fit_dual` runs the intercept search of :mod:`joker_ext.intercept`.
+    ``distributed=True`` declares that
     it takes ``shards=`` (:class:`joker_ext.distributed.RowShards`) and then fits on rows spread over
     the processes of a ``torch.distributed`` group."""
     if not isinstance(name, str) or not name or name == "auto":
@@ -100,16 +104,22 @@ def register_solver(name: str, mode: str, engine: Callable, *, overwrite: bool =
     if (name, mode) in _SOLVERS and not overwrite:
         raise ValueError(f"a solver {name!r} for mode {mode!r} is registered already; pass overwrite=True")
     _SOLVERS[(name, mode)] = engine
-    for flag, registry in ((intercept, _WITH_INTERCEPT), (distributed, _DISTRIBUTED)):
-        if flag:
-            registry.add((name, mode))
-        else:
-            registry.discard((name, mode))
+    _WITH_INTERCEPT.pop((name, mode), None)
+    if intercept:
+        _WITH_INTERCEPT[(name, mode)] = intercept if callable(intercept) else (lambda loss: True)
+    if distributed:
+        _DISTRIBUTED.add((name, mode))
+    else:
+        _DISTRIBUTED.discard((name, mode))
 
 
-def supports_intercept(name: str, mode: str) -> bool:
-    """True when engine ``name`` fits the intercept itself (see :func:`register_solver`)."""
-    return (name, mode) in _WITH_INTERCEPT
+def supports_intercept(name: str, mode: str, loss: Optional[Loss] = None) -> bool:
+    """True when engine ``name`` fits the intercept itself (see :func:`register_solver`) for ``loss`` (without
+    ``loss``: for some losses at least)."""
+    accepts = _WITH_INTERCEPT.get((name, mode))
+    if accepts is None:
+        return False
+    return True if loss is None else bool(accepts(loss))
 
 
 def supports_distributed(name: str, mode: str) -> bool:

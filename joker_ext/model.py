@@ -201,7 +201,7 @@ def fit_dual(
     engine = get_solver(name, op.mode)
     if shards.distributed:
         kw["shards"] = shards
-    if intercept and not supports_intercept(name, op.mode):
+    if intercept and not supports_intercept(name, op.mode, loss):
         return _fit_with_search(data, Yd, loss=loss, c=c, kernel=kernel, feature_map=feature_map, options=opts,
                                 dtype=dtype, device=device, alpha0=alpha0, intercept0=intercept0, callback=callback,
                                 chunk_rows=chunk_rows, backend=backend, max_memory=max_memory,

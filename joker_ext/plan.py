@@ -422,7 +422,7 @@ def make_fit_plan(
                       features)
     mode = "exact" if feature_map is None else "features"
     engine = _resolve_engine(solver, mode, n, dtype, loss, budget, intercept, bool(distributed))
-    intercept_mode = "none" if not intercept else ("engine" if supports_intercept(engine, mode) else "search")
+    intercept_mode = "none" if not intercept else ("engine" if supports_intercept(engine, mode, loss) else "search")
 
     b, implied = _block_size(block_size, n, loss, mode == "exact", single_exact_block)
     if max_iter is not None:

@@ -105,14 +105,14 @@ def test_state_dict_without_intercept_still_loads():
 def test_bernoulli_logistic_with_intercept_is_logistic_regression_with_an_intercept():
     """Logistic loss with c_i = 1 and an unpenalised b: scikit-learn's LogisticRegression(C=1, fit_intercept=True)
     on features L with L L^T = K (its lbfgs does not penalise the intercept). Exact kernel: the exact Newton engine,
-    which needs the core search."""
+    which fits it in its primal Newton steps (it took the core search before)."""
     from sklearn.linear_model import LogisticRegression
 
     X, _, _ = _data(n=70, seed=1)
     y01 = (X[:, 0] - 0.3 * X[:, 1] > 0.7).to(F64)  # unbalanced: the intercept matters
     covar = _covar()
     jgp = JokerGP(covar, gpytorch.likelihoods.BernoulliLikelihood(), fit_intercept=True, tol=1e-14).fit(X, y01)
-    assert jgp.fit_plan_.intercept == "search" and jgp.status_ == "converged"
+    assert jgp.fit_plan_.intercept == "engine" and jgp.status_ == "converged"
     with torch.no_grad():
         K = covar(X, X).to_dense().numpy()
     lam, Q = np.linalg.eigh(K)

@@ -131,6 +131,37 @@ def test_exact_newton_logistic_is_scikit_learn_logistic_regression_in_a_few_prim
     np.testing.assert_allclose(f, f_sklearn, atol=1e-4 * np.abs(f_sklearn).max())
 
 
+@pytest.mark.parametrize("C", [10.0, 1e4])
+def test_exact_newton_logistic_fits_the_intercept_in_its_newton_steps(C):
+    """Logistic loss with an intercept on the exact Newton engine: ``b`` is one more unknown of the primal Newton steps
+    (no intercept search: the plan says 'engine'), and the model is scikit-learn's LogisticRegression with an
+    unpenalised intercept on features ``L`` with ``L L^T = K``; the certified dual point sums to zero. At C = 10^4
+    (nearly separable) the search took 60 rounds and 230 Newton iterations and stalled at a gap of 1e-11 (n = 2000);
+    the joint steps converge in a few tens."""
+    from sklearn.datasets import make_classification
+    from sklearn.linear_model import LogisticRegression
+
+    X, y = make_classification(n_samples=500, n_features=5, n_informative=4, n_redundant=0, flip_y=0.05,
+                               random_state=3)
+    X = (X - X.mean(0)) / X.std(0)
+    kernel = GaussianKernel(1.6)
+    m = fit_dual(torch.as_tensor(X), torch.as_tensor(2.0 * y - 1.0).reshape(-1, 1), loss=get_loss("logistic"),
+                 c=torch.full((len(y),), C, dtype=F64), kernel=kernel, options=SolverOptions(tol=1e-12, max_iter=60),
+                 solver="newton", intercept=True)
+    assert m.extra["solver"] == "newton" and "intercept_rounds" not in m.result.state
+    assert m.result.status == "converged" and m.result.n_iter <= 40, (m.result.status, m.result.n_iter)
+    assert abs(float(m.alpha.sum())) <= 1e-10 * float(m.alpha.abs().sum())
+    b = float(m.result.state["intercept"][0])
+    K = kernel(torch.as_tensor(X), torch.as_tensor(X))
+    f = (K @ m.alpha).numpy()[:, 0] + b
+    L = torch.linalg.cholesky(K + 1e-10 * torch.eye(len(y), dtype=F64)).numpy()
+    sk = LogisticRegression(C=C, tol=1e-12, max_iter=100000).fit(L, y)
+    f_sklearn = L @ sk.coef_[0] + sk.intercept_[0]
+    # ours certified to a gap of 1e-12; lbfgs stops near 1e-7 of the optimum (relative): the decisions are compared
+    np.testing.assert_allclose(f, f_sklearn, atol=2e-3 * np.abs(f_sklearn).max())
+    assert b == pytest.approx(float(sk.intercept_[0]), abs=2e-3 * max(1.0, abs(b)))
+
+
 @pytest.mark.parametrize("compute_dtype", [None, torch.float32])
 def test_feature_newton_squared_is_ridge_in_one_conjugate_gradient_run(compute_dtype):
     """A quadratic primal: one Newton step whose CG stops at the duality gap (``k`` products plus the two
@@ -861,6 +892,44 @@ def test_auto_policy_and_registry():
     assert "newton" in available_solvers("features") and "dbcd_tr" in available_solvers("exact")
     with pytest.raises(ValueError, match="solver must be one of"):
         get_solver("lbfgs", "exact")
+
+
+def test_engines_declare_the_losses_whose_intercept_they_fit():
+    """``register_solver(intercept=...)``: True for every loss, a predicate for some. The exact Newton engine fits it
+    for the logistic loss (primal steps) and the box-QP losses (its active-set method), not for a kinked user loss
+    that it smooths: that one gets the search, which the plan says."""
+    from joker_ext.engines import register_solver, supports_intercept
+    from joker_ext.losses import Loss
+    from joker_ext.plan import make_fit_plan
+
+    class SmoothedAbsolute(Loss):  # the absolute loss declared non-quadratic: the projected Newton path smooths it
+        name, quadratic, kink = "smoothed_absolute", False, 1.0
+
+        def __init__(self):
+            self._base = get_loss("absolute")
+
+        def __getattr__(self, attr):
+            return getattr(self._base, attr)
+
+    assert supports_intercept("working_set", "exact", get_loss("hinge"))
+    assert supports_intercept("newton", "exact", get_loss("logistic"))
+    assert supports_intercept("newton", "exact", get_loss("hinge"))
+    assert not supports_intercept("newton", "exact", SmoothedAbsolute())
+    assert not supports_intercept("dbcd_tr", "exact", get_loss("logistic"))
+    for loss, how in ((get_loss("logistic"), "engine"), (SmoothedAbsolute(), "search")):
+        assert make_fit_plan(GaussianKernel(1.0), loss, n=50, solver="newton", intercept=True).intercept == how
+    register_solver("only_squared", "exact", get_solver("active_set", "exact"),
+                    intercept=lambda loss: loss.name == "squared")
+    try:
+        assert supports_intercept("only_squared", "exact", get_loss("squared"))
+        assert not supports_intercept("only_squared", "exact", get_loss("hinge"))
+        assert supports_intercept("only_squared", "exact")  # for some losses
+        register_solver("only_squared", "exact", get_solver("active_set", "exact"), overwrite=True)
+        assert not supports_intercept("only_squared", "exact", get_loss("squared"))
+    finally:
+        from joker_ext import engines
+        engines._SOLVERS.pop(("only_squared", "exact"), None)
+        engines._WITH_INTERCEPT.pop(("only_squared", "exact"), None)
 
 
 @pytest.mark.parametrize("solver, name, features", [("newton", "logistic", False), ("active_set", "squared", False),
