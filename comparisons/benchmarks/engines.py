@@ -70,6 +70,7 @@ def exact_rows(n: int, seed: int = 0, C: float = 10.0, losses=None, device: str 
         ("huber + intercept", X, y, dict(loss="huber", delta=0.5, fit_intercept=True), None),
         ("squared hinge", Xc, yc, dict(loss="squared_hinge"), None),
         ("logistic", Xc, yc, dict(loss="logistic"), None),
+        ("logistic + intercept", Xc, yc, dict(loss="logistic", fit_intercept=True), None),
     ]
     for name, Xs, ys, kw, make_ref in cases:
         if (losses is not None and kw["loss"] not in losses) or (reference_only and make_ref is None):
