@@ -319,13 +319,14 @@ def exact_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options
             # the primal iterate (w, b) itself against the dual point: at large C, K (a - w) weighs on the loss
             # enough that the primal at (K a + b) stayed above the iterate's (logistic with the intercept, C = 6090:
             # certified gap 2.7e-7 where P(w, b) + D(a) is 1e-14); the model is then w. A difference of two sums,
-            # so in float64 only and only where it is not negative beyond their rounding (float32: -7e-5 relative)
+            # so in float64 only, only where it is not negative beyond their rounding (float32: -7e-5 relative), and
+            # a negative value within it counts as 0 (the gap is not negative)
             if col.primal and dtype == torch.float64:
                 primal_w = 0.5 * (col.w @ col.fw) + (col.c * loss.column(t).value(Y[:, t], col.fw + col.b)).sum()
                 gap_w = primal_w + dual[t]
                 rounding = n * torch.finfo(dtype).eps * (primal_w.abs() + dual[t].abs())
                 if -rounding <= gap_w < gap[t]:
-                    alpha[:, t], F[:, t], primal[t], gap[t] = col.w, col.fw, primal_w, gap_w
+                    alpha[:, t], F[:, t], primal[t], gap[t] = col.w, col.fw, primal_w, gap_w.clamp_min(0.0)
         rel = gap / torch.maximum(primal.abs(), dual.abs()).clamp_min(torch.finfo(dtype).tiny)
         for t, col in enumerate(columns):
             # the smoothing goes down once the smoothed problem's own gap is a small part of the true one
