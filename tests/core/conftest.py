@@ -55,3 +55,13 @@ def cvxpy_primal(loss_name, K, y, c, intercept=False):
     prob = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(th) + cp.sum(cp.multiply(c, terms))))
     prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
     return prob.value
+
+
+def spy(cls, made: list):
+    """``cls``, recording every instance it makes in ``made`` (for monkeypatching a class an engine instantiates)."""
+    class Spy(cls):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+    return Spy
+

@@ -15,7 +15,7 @@ from joker_ext.operators import ExactOperator, FeatureOperator
 from joker_ext.primal_newton import feature_newton
 from joker_ext.solver import SolverOptions
 
-from conftest import PARAMS, cvxpy_primal, make_binary, make_regression
+from conftest import PARAMS, cvxpy_primal, make_binary, make_regression, spy
 
 F64 = torch.float64
 SMOOTH = ["squared", "huber", "squared_hinge", "logistic"]
@@ -89,15 +89,6 @@ def test_feature_newton_logistic_matches_scikit_learn_logistic_regression():
     np.testing.assert_allclose(m.beta[:, 0].numpy(), sk.coef_[0], rtol=1e-4, atol=1e-6)  # lbfgs stops near 1e-7
 
 
-def _spy(cls, made: list):
-    """``cls``, recording every instance it makes in ``made``."""
-    class Spy(cls):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            made.append(self)
-    return Spy
-
-
 @pytest.mark.parametrize("mixed", [False, True], ids=["float64_system", "float32_system_refined"])
 def test_exact_newton_logistic_is_scikit_learn_logistic_regression_in_a_few_primal_newton_steps(mixed, monkeypatch):
     """Exact kernel, logistic loss ('auto' takes the exact Newton engine, which steps on the primal for it): the
@@ -111,7 +102,7 @@ def test_exact_newton_logistic_is_scikit_learn_logistic_regression_in_a_few_prim
 
     monkeypatch.setattr(newton_exact, "MIXED_PRECISION_MIN", 1 if mixed else 10**9)
     mixed_solves = []
-    monkeypatch.setattr(newton_exact, "RefinedCholesky", _spy(newton_exact.RefinedCholesky, mixed_solves))
+    monkeypatch.setattr(newton_exact, "RefinedCholesky", spy(newton_exact.RefinedCholesky, mixed_solves))
 
     from sklearn.datasets import make_classification
 

@@ -8,6 +8,8 @@ from joker_ext import interior_point
 from joker_ext.interior_point import solve_box_qp
 from joker_ext.kernels import GaussianKernel
 
+from conftest import spy
+
 F64 = torch.float64
 
 
@@ -37,15 +39,6 @@ def _objective(K, lin, kink, a):
     return float(0.5 * a @ K @ a - lin @ a + kink * a.abs().sum())
 
 
-def _spy(cls, made: list):
-    """``cls``, recording every instance it makes in ``made``."""
-    class Spy(cls):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            made.append(self)
-    return Spy
-
-
 CASES = ["split_with_total", "one_sided_with_total", "box_without_total", "fixed_and_h"]
 
 
@@ -57,7 +50,7 @@ def test_solve_box_qp_reaches_the_cvxpy_optimum(case, seed, mixed, monkeypatch):
     m = 120 by lowering the size at which it starts."""
     factors = []
     monkeypatch.setattr(interior_point, "MIXED_PRECISION_MIN", 1 if mixed else 10**9)
-    monkeypatch.setattr(interior_point, "_Factor", _spy(interior_point._Factor, factors))
+    monkeypatch.setattr(interior_point, "_Factor", spy(interior_point._Factor, factors))
     K, lin, rng = _problem(120, seed=10 * CASES.index(case) + seed)
     m = lin.numel()
     C = torch.as_tensor(rng.uniform(0.5, 3.0, m))
