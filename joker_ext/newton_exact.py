@@ -197,11 +197,12 @@ class _Column:
         ``K`` is float64, of order at least :data:`~joker_ext.dense.MIXED_PRECISION_MIN`, and the bound
         ``cond(B) <= 1 + max(root)^2 |K|_inf`` times float32's epsilon is at most :data:`MIXED_CONTRACTION`; else (or
         when the refinements stop short of :data:`REFINED`) through a float64 factor. The solves are refined until
-        a refinement no longer shrinks the residual: refined only to 1e-12, the Newton steps (``w_new = b - ...``, a
+        a refinement no longer shrinks the residual: refined only to 1e-12, the Newton steps (``w_new = t - ...``, a
         difference of large terms near the optimum) lost accuracy and fits took 1.7-6x the iterations at C = 100-776.
-        Logistic loss with the intercept, two cores, against float64 factors (``make_classification`` d = 5, and
-        ``make_moons``, gamma 0.2): n = 4000, C = 10, 7.2 -> 5.1 s; n = 6000, C = 0.06 and 0.23, 12.0 -> 8.3 s and
-        13.9 -> 9.7 s; C = 776, 47.4 -> 32.6 s; the same iteration counts and primal objectives to 14 digits."""
+        Logistic loss with the intercept (then fitted by the intercept search), two cores, against float64 factors
+        (``make_classification`` d = 5, and ``make_moons``, gamma 0.2): n = 4000, C = 10, 7.2 -> 5.1 s; n = 6000,
+        C = 0.06 and 0.23, 12.0 -> 8.3 s and 13.9 -> 9.7 s; C = 776, 47.4 -> 32.6 s; the same iteration counts and
+        primal objectives to 14 digits."""
         K = self.K
         if K.dtype == torch.float64 and K.shape[0] >= MIXED_PRECISION_MIN:
             if self.K_inf is None:
