@@ -323,7 +323,7 @@ def exact_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options
             # so in float64 only, only where it is not negative beyond their rounding (float32: -7e-5 relative), and
             # a negative value within it counts as 0 (the gap is not negative)
             if col.primal and dtype == torch.float64:
-                primal_w = 0.5 * (col.w @ col.fw) + (col.c * loss.column(t).value(Y[:, t], col.fw + col.b)).sum()
+                primal_w = 0.5 * (col.w @ col.fw) + (col.c * col.loss.value(col.y, col.fw + col.b)).sum()
                 gap_w = primal_w + dual[t]
                 rounding = n * torch.finfo(dtype).eps * (primal_w.abs() + dual[t].abs())
                 if -rounding <= gap_w < gap[t]:
