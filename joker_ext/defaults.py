@@ -16,7 +16,7 @@ import torch
 
 __all__ = ["PRECISION_TOL", "ROUNDING_GAP", "WORKING_SET_DTYPE", "FILL_ELEMENTS", "IN_PLACE_BLOCK", "TEST_MATRIX_BLOCK",
            "PRACTICAL_TOL", "CONVERGENCE_WARN_GAP", "CONVERT_SPLIT", "STREAM_BYTES", "FEATURE_CACHE_BYTES",
-           "EXACT_HESSIAN_MAX_FEATURES", "KINKED_HESSIAN_MAX_FEATURES",
+           "EXACT_HESSIAN_MAX_FEATURES", "KINKED_HESSIAN_MAX_FEATURES", "FORM_HESSIAN_AFTER_PRODUCTS",
            "CHUNK_ROWS", "GPU_NEWTON_WORKSPACE",
            "BLOCK_SIZE", "LARGE_N_BLOCK_SIZE", "LARGE_N", "LOGISTIC_BLOCK_SIZE", "MIN_BLOCK_ITERATIONS", "BLOCK_EPOCHS",
            "GRAM_MAX", "DIRECT_MAX", "SINGULAR_DIRECT_MAX", "CAUCHY_FACTORS", "SEARCH_FACTORS",
@@ -88,6 +88,14 @@ EXACT_HESSIAN_MAX_FEATURES = 1024
 #: in 54 s; random features n = 15,000, hinge, C = 1: M = 2048 57.3 -> 17.2 s, M = 4096 epsilon-insensitive more
 #: than 300 s -> 157 s.
 KINKED_HESSIAN_MAX_FEATURES = 4096
+
+#: With Nystrom features the feature Newton engine preconditions by Falkon's ``I + (n / M) wbar R R^T``, which assumes
+#: the same curvature on every row. Where a Newton step's conjugate gradients needed more than this many products
+#: (a pass each), and the Hessian could be formed (as under ``EXACT_HESSIAN_MAX_FEATURES``), it is formed from then on:
+#: forming it costs about 12 / 20 passes' time at M = 500 / 1000 (n = 20,000, 2 threads). Logistic at penalty 1e-8
+#: (curvature 1e-10 to 1/4 by row), JokerFalkon, n = 20,000: M = 500 10.3 s ('max_iter', gap 0.099) -> 2.7 s
+#: converged; M = 1000 19.2 s ('max_iter', gap 6.5e-3) -> 10.0 s converged; at penalty 1e-6 no step needs as many.
+FORM_HESSIAN_AFTER_PRODUCTS = 25
 
 #: On a GPU, where no memory budget is given, the feature Newton engine with more than
 #: ``KINKED_HESSIAN_MAX_FEATURES`` features keeps its working memory (the preconditioner's sketch and factor, the

@@ -77,6 +77,9 @@ elsewhere) is far from the mean ``wbar`` it assumes, the Hessian is formed inste
 above (``R^{-T} G^T W G R^{-1}``): JokerFalkon, n = 3000, M = 500, penalty 1e-6 / 1e-8, to a gap of 1e-6,
 180-400 Newton iterations / more than 1,000 (7-14 s / over 30 s) -> 55-130 / 98-176 (1.4-4.3 s); n = 20,000,
 M = 2000, hinge at penalty 1e-6: a gap of 0.5 after 190 s (50 products per Newton step) -> converged in 54 s.
+For the other losses, under the same conditions, the Hessian is formed once a Newton step's conjugate gradients
+needed more than :data:`~joker_ext.defaults.FORM_HESSIAN_AFTER_PRODUCTS` products (logistic at small penalties,
+whose curvature spans 1e-10 to 1/4 by row).
 
 Cost per pass ``O(n M d)`` (the features) plus ``4 n M`` (two products); the sketch ``O(n_s M (d + r))``
 plus ``O(M r^2)``. Memory: ``M r`` for ``U`` (two ``M x r`` buffers while sketching, when the passes'
@@ -104,8 +107,8 @@ from typing import NamedTuple, Optional
 import numpy as np
 import torch
 
-from .defaults import (CONVERT_SPLIT, EXACT_HESSIAN_MAX_FEATURES, GPU_NEWTON_WORKSPACE, IN_PLACE_BLOCK,
-                       KINKED_HESSIAN_MAX_FEATURES, STREAM_BYTES, TEST_MATRIX_BLOCK)
+from .defaults import (CONVERT_SPLIT, EXACT_HESSIAN_MAX_FEATURES, FORM_HESSIAN_AFTER_PRODUCTS, GPU_NEWTON_WORKSPACE,
+                       IN_PLACE_BLOCK, KINKED_HESSIAN_MAX_FEATURES, STREAM_BYTES, TEST_MATRIX_BLOCK)
 from .data import BlockData
 from .dense import cholesky_ex, cholesky_shifted, cholesky_solve
 from .distributed import SingleProcess, local_positions
@@ -1516,8 +1519,9 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
     # curvature (c / s on a band of rows), Huber's and the squared hinge's (JokerFalkon, Huber and squared hinge,
     # n = 4200-5800, M = 420-990, penalties 2e-9 to 8e-9: relative gaps of 1.0 after the default 20 iterations)
     piecewise = bool(getattr(loss, "quadratic", False)) and not quadratic
-    exact = (rank >= M or (opts.newton_rank is None and M <= EXACT_HESSIAN_MAX_FEATURES)) \
-        and not shards.any(not passes.keeps_features) and (passes.basis.kind != "nystrom" or piecewise)
+    formable = (rank >= M or (opts.newton_rank is None and M <= EXACT_HESSIAN_MAX_FEATURES)) \
+        and not shards.any(not passes.keeps_features)
+    exact = formable and (passes.basis.kind != "nystrom" or piecewise)
     # kinked losses: neither a sketch on sampled rows nor Falkon's preconditioner sees a curvature that is c / s on
     # the band of rows near the kinks and 0 elsewhere (Nystrom features, n = 20,000, M = 2000, hinge: 50 products
     # per Newton step, a gap of 0.5 after 190 s). The Hessian of the band's rows is formed instead, features kept
@@ -1631,7 +1635,12 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
                     still_open = _gap_test(loss, Y, c_col, beta, g["F"], opts.tol, shards, observe=inner)
                 else:
                     eta, still_open = min(0.1, max(cg_floor, math.sqrt(max(float(rel.max()), 0.0)))), None
+                products = passes.passes
                 D, Z = _pcg(passes, g["grad"], g["W"], precond, eta, opts.max_cg, still_open)
+                if formable and not exact and passes.passes - products > FORM_HESSIAN_AFTER_PRODUCTS:
+                    # Falkon's preconditioner assumes a uniform curvature; where the conjugate gradients crawl on it
+                    # (logistic at small penalties: W from 1e-10 to 1/4), the Hessian is formed from now on
+                    exact, precond = True, None
                 t = _line_search(loss, Y, c_col, beta, D, g["F"], Z, g["grad"], smoothing.value, shards, shift)
                 # the next record's iterate is the last one reported when the step was whole and CG ended there
                 reported = inner is not None and inner.last == inner.total and t == 1.0
