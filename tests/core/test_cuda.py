@@ -81,3 +81,24 @@ def test_feature_newton_intercept_search_on_cuda_matches_the_cpu(loss):
 def test_dbcd_tr_on_cuda_matches_the_cpu():
     X, (cpu, gpu) = _pair("huber", 800, 4, n_features=128, solver="dbcd_tr", tol=1e-6)
     _check(X, cpu, gpu, rtol=1e-5)
+
+
+def test_nystrom_logistic_at_a_tiny_penalty_on_cuda_matches_the_cpu():
+    """JokerFalkon, logistic loss at penalty 1e-8 on Nystrom features: Falkon's preconditioner makes the conjugate
+    gradients crawl, and the engine forms the Hessian from the kept features for the rest of the fit, on the GPU as
+    on the CPU."""
+    from sklearn.datasets import make_classification
+
+    from joker_ext import JokerFalkon
+    from joker_ext.kernels import GaussianKernel
+
+    X, y = make_classification(n_samples=1000, n_features=8, random_state=0)
+    X = torch.as_tensor((X - X.mean(0)) / X.std(0))
+    Y = torch.as_tensor(np.where(y > 0, 1.0, -1.0)).reshape(-1, 1)
+    cpu, gpu = (JokerFalkon(GaussianKernel(3.0), 1e-8, 200, seed=0, loss="logistic", device=device).fit(X, Y)
+                for device in ("cpu", "cuda"))
+    for m in (cpu, gpu):
+        assert m.status_ == "converged" and m.n_iter_ <= 20, (m.status_, m.n_iter_, m.relative_gap_)
+    assert abs(gpu.result_.primal - cpu.result_.primal) <= 1e-8 * abs(cpu.result_.primal)
+    f_cpu, f_gpu = cpu.predict(X), gpu.predict(X).cpu()
+    np.testing.assert_allclose(f_gpu, f_cpu, rtol=0, atol=1e-4 * float(f_cpu.abs().max()))
