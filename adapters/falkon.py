@@ -760,8 +760,9 @@ class JokerFalkon(_FalkonFace):
         Add an unregularized bias ``b`` per output: ``f(x) + b`` with ``f`` penalised as above and ``b`` not (for the
         squared loss on the exact kernel, the solution of ``[[K + n penalty I, 1], [1^T, 0]] [alpha; b] = [y; 0]``).
         Falkon has no intercept, so the default keeps its model. Engines that fit ``b`` themselves (the exact
-        kernel's 'active_set', 'working_set' and, for the built-in losses, 'newton') do; around the others (the
-        Newton engine with features, DBCD-TR) runs the intercept search of :mod:`joker_ext.intercept`
+        kernel's 'active_set', 'working_set' and, for the built-in losses, 'newton'; with features, 'newton' for the
+        losses that need no smoothing: squared, Huber, squared hinge, logistic) do; around the others (the Newton
+        engine with features and a kinked loss, DBCD-TR) runs the intercept search of :mod:`joker_ext.intercept`
         (``fit_plan_.intercept == 'search'``; ``maxiter`` is then the budget of all its solves). ``intercept_``
         holds ``b``.
     solver : str, default 'auto' (keyword only)
@@ -1081,8 +1082,10 @@ class JokerLogisticFalkon(_FalkonFace):
           M = 500, penalties 1e-6-1e-8, two paths): misclassification rate 0.0028 below LogisticFalkon's on
           average (standard error 0.0010); on 54 others, up to ``iter_list[k]`` Newton iterations per stage
           (the rule before) was 4.7 % above LogisticFalkon's in geometric mean, one step per stage 0.8 %
-          below. With ``fit_intercept=True`` (which LogisticFalkon lacks) the stage's intercept search
-          needs converged solves: ``iter_list[k]`` bounds its Newton iterations.
+          below. With ``fit_intercept=True`` (which LogisticFalkon lacks) each stage is solved to ``tol``
+          within ``iter_list[k]`` Newton iterations: the intercept inside the Newton steps (losses that need no
+          smoothing, e.g. logistic), or by the intercept search around them (kinked losses such as 'hinge'),
+          whose rounds need converged solves.
         * ``solver='dbcd_tr'``: counted in epochs, ``iter_list[k] * epochs_per_iter`` passes over the data
           at stage k (DBCD works on the logistic dual directly; one epoch per iteration matched
           LogisticFalkon's test accuracy and log-loss on nycflights13 and on its documented example).
@@ -1100,7 +1103,7 @@ class JokerLogisticFalkon(_FalkonFace):
         As :class:`JokerFalkon`: rows sharded over the processes of a ``torch.distributed`` group.
     fit_intercept : bool, default False (keyword only)
         As :class:`JokerFalkon`: an unregularized bias ``b`` (``intercept_``), on every stage of the path (each
-        stage's search starts from the previous stage's ``b``).
+        stage starts from the previous stage's ``b``).
     features, block_size, tol, max_time, device, dtype
         As :class:`JokerFalkon`.
 
@@ -1194,7 +1197,7 @@ class JokerLogisticFalkon(_FalkonFace):
             if prep["opt"]["verbose"]:
                 print(f"Iteration {k:d} - penalty {pen:e} - sub-iterations {ep:d}", flush=True)
             # DBCD-TR: iter_list[k] * epochs_per_iter epochs; Newton engines: one Newton step (LogisticFalkon's
-            # outer iteration), or iter_list[k] Newton iterations at most for the intercept search
+            # outer iteration), or with an intercept a solve of at most iter_list[k] Newton iterations
             steps = ep if self._fit_intercept() else 1
             plan = self._fit_plan(prep, loss, penalty_to_C(pen, n), w, n_local, ep * per_iter, iterations=steps)
             if plan.solver == "dbcd_tr":

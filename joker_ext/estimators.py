@@ -429,9 +429,11 @@ _COMMON_PARAMS_DOC = """
     fit_intercept : bool, default False
         Add an unregularized bias: ``f(x) = sum_i alpha_i k(x_i, x) + b`` (one ``b`` per output), the
         model of SVC / SVR. The dual then has the constraint ``sum_i alpha_i = 0``. The 'active_set' and
-        'working_set' engines keep it themselves, and the exact kernel's 'newton' engine does for the built-in
-        losses (the logistic loss's primal Newton steps take ``b`` as one more unknown); around the others
-        (DBCD-TR, the Newton engine with random features, smoothed user losses), which cannot, ``b`` is
+        'working_set' engines keep it themselves, the exact kernel's 'newton' engine does for the built-in
+        losses (the logistic loss's primal Newton steps take ``b`` as one more unknown), and so does the 'newton'
+        engine with random features for the losses that need no smoothing (squared, Huber, squared hinge,
+        logistic); around the others (DBCD-TR, the kinked losses with random features, smoothed user losses),
+        which cannot, ``b`` is
         its Lagrange multiplier and is found by the intercept search of :mod:`joker_ext.intercept` (the
         same for every face of joker_ext): a safeguarded root search on ``s(b) = sum_i alpha_i(b)``, each
         step one warm-started engine solve of the dual with the loss ``l(y, f + b)`` and the augmented

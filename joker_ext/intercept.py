@@ -153,13 +153,18 @@ def feasible_dual(alpha: torch.Tensor, shards: Optional[SingleProcess] = None) -
     ``alpha`` sums to zero. Every loss box contains 0 and is an interval, so shrinking towards 0 stays
     inside it; the result is feasible for the dual of the problem with an intercept. (``shards``: the
     sums run over the rows of every process.)"""
-    pos = alpha.clamp_min(0)
-    neg = (-alpha).clamp_min(0)
-    P, N = (shards or SingleProcess()).sum_many(pos.sum(0), neg.sum(0))
-    tiny = torch.finfo(alpha.dtype).tiny
-    scale_pos = torch.where(P > N, N / P.clamp_min(tiny), torch.ones_like(P))
-    scale_neg = torch.where(N > P, P / N.clamp_min(tiny), torch.ones_like(N))
+    pos, neg = alpha.clamp_min(0), (-alpha).clamp_min(0)
+    scale_pos, scale_neg = feasible_scales(*(shards or SingleProcess()).sum_many(pos.sum(0), neg.sum(0)))
     return pos * scale_pos - neg * scale_neg
+
+
+def feasible_scales(pos_sum: torch.Tensor, neg_sum: torch.Tensor):
+    """The factors ``(scale_pos, scale_neg)`` of :func:`feasible_dual` for columns whose positive entries sum to
+    ``pos_sum`` and whose negative ones to ``-neg_sum``: the larger side shrinks to the smaller one's size."""
+    tiny = torch.finfo(pos_sum.dtype).tiny
+    scale_pos = torch.where(pos_sum > neg_sum, neg_sum / pos_sum.clamp_min(tiny), torch.ones_like(pos_sum))
+    scale_neg = torch.where(neg_sum > pos_sum, pos_sum / neg_sum.clamp_min(tiny), torch.ones_like(neg_sum))
+    return scale_pos, scale_neg
 
 
 class RootSearch:

@@ -112,6 +112,7 @@ from .defaults import (CONVERT_SPLIT, EXACT_HESSIAN_MAX_FEATURES, FORM_HESSIAN_A
 from .data import BlockData
 from .dense import cholesky_ex, cholesky_shifted, cholesky_solve
 from .distributed import SingleProcess, local_positions
+from .intercept import feasible_scales
 from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag
 from .engines import default_max_iter as engine_max_iter
 from .feature_interior import (ABANDON_GAP, ABANDON_PATIENCE, ABANDON_RISE, DIVERGED, FINISH_FROM, ColumnSolve,
@@ -159,6 +160,9 @@ BAND_ROWS_SHARE = 0.5
 #: The continuation's smoothing after the interior-point start (times its usual start): centred at a point near the
 #: solution, the proximal steps need little of it.
 INTERIOR_SMOOTHING = 1e-3
+#: Doubling steps that bracket the intercept's minimiser, and bisections of the bracket (:func:`_intercept_minimiser`).
+INTERCEPT_BRACKET = 200
+INTERCEPT_BISECTIONS = 200
 #: Records at the rounding floor without the best gap halving before the fit stops as converged
 #: (:class:`_BestCertificate`).
 FLOOR_PATIENCE = 3
@@ -701,17 +705,31 @@ class _Passes:
             return self.X.index_select(0, idx.to(self.X.device))
         return self.data.take(idx).to(self.basis.input_dtype)
 
-    def gradient(self, beta: torch.Tensor, smoothing: float, shift: Optional[torch.Tensor] = None) -> dict:
+    def gradient(self, beta: torch.Tensor, smoothing: float, shift: Optional[torch.Tensor] = None,
+                 intercept: Optional[torch.Tensor] = None) -> dict:
         """``f = Phi beta``, ``a* = a(f)``, ``w``, ``Phi^T a*`` and the pieces of the duality gap (``beta`` in
-        the internal basis)."""
+        the internal basis). With an ``intercept`` ``b`` (T,), the predictions are ``f + b`` and the same pass
+        also gives ``v = Phi^T w`` (the Newton system's coupling of ``b`` to ``beta``), ``sum w``, ``sum a*``, and
+        the gap is certified at ``a*`` shrunk onto ``sum a = 0`` (:func:`~joker_ext.intercept.feasible_dual`, whose
+        ``Phi^T`` comes from the sums of its positive and negative parts): the returned ``A``."""
         n, T = self.Y.shape
         F = torch.empty(n, T, dtype=beta.dtype, device=beta.device)
         A, W = torch.empty_like(F), torch.empty_like(F)
         acc = torch.zeros_like(beta)
+        # with an intercept: Phi^T a*_+ and Phi^T w
+        acc_pos, acc_w = (None, None) if intercept is None else (torch.zeros_like(beta), torch.zeros_like(beta))
         bt = self.basis.right(beta)
         def dual_rows(lo, hi):  # a*, w of rows lo:hi from F
             Fs = F[lo:hi] if shift is None else F[lo:hi] - shift[lo:hi]
+            if intercept is not None:
+                Fs = Fs + intercept
             A[lo:hi], W[lo:hi] = self.loss.smoothed_dual(Fs, self.Y[lo:hi], self.c[lo:hi], smoothing)
+
+        def accumulate(Gs, lo, hi):
+            acc.addmm_(Gs.T, A[lo:hi])
+            if intercept is not None:
+                acc_pos.addmm_(Gs.T, A[lo:hi].clamp_min(0))
+                acc_w.addmm_(Gs.T, W[lo:hi])
 
         for start, stop, Xc in self.chunks(self.grad_rows):
             G = self.basis.raw(Xc, out=self.buffer(stop - start, self.pass_dtype))
@@ -722,13 +740,13 @@ class _Passes:
                     lo, hi = start + s0, start + s0 + Gs.shape[0]
                     F[lo:hi] = Gs @ bt
                     dual_rows(lo, hi)
-                    acc.addmm_(Gs.T, A[lo:hi])
+                    accumulate(Gs, lo, hi)
             else:  # the two products each convert the chunk, a block at a time
                 for s0, Gs in self._in_solver_dtype(G, self.convert_rows):
                     F[start + s0:start + s0 + Gs.shape[0]] = Gs @ bt
                 dual_rows(start, stop)
                 for s0, Gs in self._in_solver_dtype(G, self.convert_rows):
-                    acc.addmm_(Gs.T, A[start + s0:start + s0 + Gs.shape[0]])
+                    accumulate(Gs, start + s0, start + s0 + Gs.shape[0])
             del G, Gs
         if self.low:  # the copy in the solver dtype goes: the Hessian passes, most of a fit, do without it
             self._buffers.pop(beta.dtype, None)
@@ -736,14 +754,34 @@ class _Passes:
 
         def terms(lo, hi):
             Yb, Fb, Ab, cb = self.Y[lo:hi], F[lo:hi], A[lo:hi], self.c[lo:hi]
+            if intercept is not None:
+                return ((cb * self.loss.value(Yb, Fb + intercept)).sum(0), Ab.clamp_min(0).sum(0),
+                        (-Ab).clamp_min(0).sum(0), W[lo:hi].sum(0))
             return ((cb * self.loss.value(Yb, Fb)).sum(0), self.loss.conj(Ab, Yb, cb).sum(0),
                     self.loss.fenchel_young(Yb, Fb, Ab, cb).sum(0))
+        if intercept is not None:
+            return self._certify_with_intercept(beta, F, A, W, acc, acc_pos, acc_w, _row_sums(terms, n))
         loss_terms, conj_terms, share = _row_sums(terms, n)
         acc, loss_terms, conj_terms, share = self.shards.sum_many(acc, loss_terms, conj_terms, share)
         PhiTA = self.basis.left(acc)
         primal = 0.5 * (beta * beta).sum(0) + loss_terms
         dual = 0.5 * (PhiTA * PhiTA).sum(0) + conj_terms
         return {"F": F, "A": A, "W": W, "grad": beta - PhiTA, "primal": primal, "dual": dual, "share": share}
+
+    def _certify_with_intercept(self, beta, F, A, W, acc, acc_pos, acc_w, sums) -> dict:
+        """:meth:`gradient`'s result with an intercept, from its pass's products and row sums: the dual point
+        ``a*`` shrunk onto ``sum a = 0`` and its objective (``Phi^T`` of it from ``Phi^T a*`` and ``Phi^T a*_+``)."""
+        acc, acc_pos, acc_w, loss_terms, pos_sum, neg_sum, w_sum = self.shards.sum_many(acc, acc_pos, acc_w, *sums)
+        scale_pos, scale_neg = feasible_scales(pos_sum, neg_sum)
+        feasible = A.clamp_min(0) * scale_pos - (-A).clamp_min(0) * scale_neg
+        PhiTA, PhiT_pos = self.basis.left(acc), self.basis.left(acc_pos)
+        PhiT_feasible = PhiT_pos * scale_pos - (PhiT_pos - PhiTA) * scale_neg
+        (conj_terms,) = self.shards.sum_many(_row_sums(
+            lambda lo, hi: (self.loss.conj(feasible[lo:hi], self.Y[lo:hi], self.c[lo:hi]).sum(0),), self.Y.shape[0])[0])
+        primal = 0.5 * (beta * beta).sum(0) + loss_terms
+        dual = 0.5 * (PhiT_feasible * PhiT_feasible).sum(0) + conj_terms
+        return {"F": F, "A": feasible, "W": W, "grad": beta - PhiTA, "primal": primal, "dual": dual,
+                "grad_b": neg_sum - pos_sum, "v": self.basis.left(acc_w), "w_sum": w_sum}
 
     def _in_solver_dtype(self, G: torch.Tensor, step: int):
         """Yields ``(s0, G[s0:s0 + step])`` in the solver dtype (copied into a reused workspace when ``G`` is in
@@ -1013,6 +1051,70 @@ def _pcg(passes: _Passes, grad, W, precond, eta: float, max_cg: int, still_open=
     return D, Z
 
 
+def _bordered_step(passes: _Passes, g: dict, precond, eta: float, max_cg: int):
+    """The Newton step ``(D, Phi D, db)`` on ``(beta, b)`` from :meth:`_Passes.gradient`'s result ``g`` (with an
+    intercept): ``[[H, v], [v^T, sum w]] [D; db] = -[grad; dP/db]`` by its Schur complement,
+    ``D = X_1 - X_2 db``, ``db = (-dP/db - v^T X_1) / (sum w - v^T X_2)``, with ``X_1 = -H^{-1} grad`` and
+    ``X_2 = H^{-1} v`` from one conjugate-gradient run on both (each column keeps its preconditioner)."""
+    T = g["grad"].shape[1]
+    X, Z = _pcg(passes, torch.cat([g["grad"], -g["v"]], 1), torch.cat([g["W"], g["W"]], 1), precond + precond,
+                eta, max_cg)
+    v = g["v"]
+    schur = g["w_sum"] - (v * X[:, T:]).sum(0)
+    curved = schur > 0  # (else no row has curvature: see _flat_intercept_step)
+    db = torch.where(curved, (-g["grad_b"] - (v * X[:, :T]).sum(0)) / torch.where(curved, schur, 1.0), 0.0)
+    return X[:, :T] - X[:, T:] * db, Z[:, :T] - Z[:, T:] * db, db, ~curved
+
+
+def _intercept_minimiser(loss: Loss, Y, c_col, F, b: torch.Tensor, shards: SingleProcess) -> torch.Tensor:
+    """``argmin_b sum_i c_i l(y_i, f_i + b)`` per column (``beta`` fixed: ``F = Phi beta``), from ``b``: the root of
+    the nondecreasing ``dP/db = -sum_i a_i(f_i + b)``, bracketed by doubling steps, then bisected to float's
+    resolution (O(n) per trial)."""
+    out = b.clone()
+    for t in range(Y.shape[1]):
+        def slope(value: float) -> float:
+            a, _ = loss.smoothed_dual(F[:, t:t + 1] + value, Y[:, t:t + 1], c_col[:, t:t + 1], 0.0)
+            (total,) = shards.sum_many(a.sum().reshape(1))
+            return -float(total)
+
+        b0, s0 = float(b[t]), slope(float(b[t]))
+        if s0 == 0.0:
+            continue
+        direction, step = (-1.0 if s0 > 0 else 1.0), max(1.0, abs(b0))
+        near, far = b0, b0 + direction * step
+        for _ in range(INTERCEPT_BRACKET):  # until dP/db changes sign between near and far
+            if (slope(far) > 0) != (s0 > 0) or slope(far) == 0.0:
+                break
+            near, step = far, 2.0 * step
+            far = b0 + direction * step
+        lo, hi = min(near, far), max(near, far)
+        for _ in range(INTERCEPT_BISECTIONS):
+            mid = 0.5 * (lo + hi)
+            if not lo < mid < hi:
+                break
+            if slope(mid) > 0:
+                hi = mid
+            else:
+                lo = mid
+        out[t] = 0.5 * (lo + hi)
+    return out
+
+
+def _newton_state(basis, beta: torch.Tensor, b: Optional[torch.Tensor]) -> dict:
+    """The engine's state: the weights in the external basis, and the intercept when one is fitted."""
+    state = {"beta": basis.to_external(beta)}
+    if b is not None:
+        state["intercept"] = b.clone()
+    return state
+
+
+def fits_intercept(loss: Loss) -> bool:
+    """Whether :func:`feature_newton` fits the intercept itself for ``loss``: losses that need no smoothing (probed at
+    ``y = 1``, ``c = 1``); the kinked ones get it from the intercept search."""
+    probe = torch.ones(1, 1, dtype=torch.float64)
+    return not needs_smoothing(loss, probe, probe.reshape(-1))
+
+
 def constant_curvature(loss: Loss, Y: torch.Tensor, c_col: torch.Tensor) -> bool:
     """True when the primal is a quadratic of ``beta`` (the squared loss and its rescalings): ``psi``
     quadratic with ``psi'' > 0``, no kink and an unbounded box, so that ``w`` does not depend on ``f``."""
@@ -1088,17 +1190,18 @@ class _InnerReports:
 
 
 def _line_search(loss: Loss, Y, c_col, beta, D, F, Z, grad, smoothing: float,
-                 shards: SingleProcess, shift: Optional[torch.Tensor] = None) -> Optional[float]:
+                 shards: SingleProcess, shift: Optional[torch.Tensor] = None, slope_b: float = 0.0) -> Optional[float]:
     """Step length on ``phi(t) = P_s(beta + t D)`` (every trial O(n): ``Phi (beta + t D) = F + t Z``): the whole
     step where it meets Armijo's condition, else the minimiser of the convex ``phi`` on ``(0, 1)``, found by
     regula falsi on ``phi'(t) = beta^T D + t D^T D - a(F + t Z)^T Z`` (``a`` the smoothed dual point: the
-    primal's gradient in ``f`` is ``-a``), else Armijo's halving.
+    primal's gradient in ``f`` is ``-a``), else Armijo's halving. With an intercept step ``db``, ``F`` and ``Z``
+    hold ``b`` and ``db`` and ``slope_b = (dP/db) db`` completes the slope (``b`` is not penalised).
 
     The minimiser replaced the halving as the first fallback: on a piecewise-quadratic primal (Huber, the squared
     hinge, the smoothed kinked losses) whose curvature changes on many rows along the step, halving took steps of
     1/4 to 1/8 for a dozen iterations (JokerFalkon, Huber, n = 1500, M = 300, penalty 5e-9, a wide kernel: 14 of
     its 17 iterations at a relative gap of 1.0)."""
-    slope = float((grad * D).sum())
+    slope = float((grad * D).sum()) + slope_b
     if not slope < 0:
         return None
     bb, bd, dd = float((beta * beta).sum()), float((beta * D).sum()), float((D * D).sum())
@@ -1447,7 +1550,7 @@ def _working_set_start(passes: "_Passes", loss: Loss, Y, c, opts: SolverOptions,
 def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: Optional[SolverOptions] = None,
                    *, alpha0: Optional[torch.Tensor] = None, state0=None, start_iter: int = 0, callback=None,
                    validation=None, snapshot=None, snapshot_every=None, shards: Optional[SingleProcess] = None,
-                   **_resume) -> SolverResult:
+                   intercept: bool = False, **_resume) -> SolverResult:
     """Minimise the (smoothed) primal over the feature weights by Newton-PCG (see the module docstring).
 
     Parameters
@@ -1470,6 +1573,14 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
         The rows of ``operator`` and ``Y`` are this process's shard of a data set spread over a
         ``torch.distributed`` group (:mod:`joker_ext.distributed`): every sum over rows is all-reduced,
         ``beta`` is the same on every rank and ``alpha`` holds this shard's dual variables.
+    intercept : bool
+        Fit an unregularized intercept ``b`` per column (``state['intercept']``) jointly with ``beta`` in the
+        Newton steps: losses that need no smoothing (:func:`fits_intercept`); the kinked ones get it from the
+        intercept search around this engine. Each step solves the bordered system
+        ``[[H, v], [v^T, sum w]] [d; db] = -[grad; dP/db]`` (``H = I + Phi^T W Phi``, ``v = Phi^T w``) through the
+        Schur complement: one conjugate-gradient run for the two right-hand sides ``grad`` and ``v`` in lockstep
+        (their products share each pass's features). The gap is certified at the dual point shrunk onto
+        ``sum a = 0``.
     """
     if operator.mode != "features":
         raise ValueError(f"feature_newton needs a feature operator, got mode {operator.mode!r}")
@@ -1489,10 +1600,18 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
     else:
         beta = torch.zeros(M, T, dtype=dtype, device=device)
     if shards.any(needs_smoothing(loss, Y, c_col)):  # (decided from every shard's rows alike)
+        if intercept:
+            raise ValueError(f"feature_newton fits the intercept itself only for losses that need no smoothing; "
+                             f"loss {loss.name!r} on these targets does: fit it with the intercept search "
+                             f"(joker_ext.intercept)")
         (c_sum,) = shards.sum_many(c.sum().to(dtype).reshape(1))
         s0 = float(c_sum) / passes.n_total
     else:
         s0 = 0.0
+    b = None
+    if intercept:  # the intercept, from a checkpoint's state when there is one
+        b = torch.zeros(T, dtype=dtype, device=device) if state0 is None or "intercept" not in state0 else \
+            torch.as_tensor(state0["intercept"], dtype=dtype, device=device).reshape(T).clone()
     # a quadratic primal is solved by one conjugate-gradient run that stops at the duality gap itself
     quadratic = not shards.any(not constant_curvature(loss, Y, c_col))
     smoothing = Continuation(s0, factor=SMOOTHING_FACTOR)
@@ -1536,11 +1655,11 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
     mon = Monitor(opts, callback=callback, validation=validation, snapshot=snapshot, snapshot_every=snapshot_every,
                   dtype=dtype)
     status, it, rec, alpha = "max_iter", start_iter, None, torch.zeros(n, T, dtype=dtype, device=device)
-    state = {"beta": basis.to_external(beta)}
+    state = _newton_state(basis, beta, b)
     precond, precond_w = None, None
     # the quadratic path's CG iterates go to the callback too, when asked (and counted in every record)
     inner = _InnerReports(opts.callback_cg_every, mon, basis, shards, passes) \
-        if quadratic and callback is not None and opts.callback_cg_every else None
+        if quadratic and not intercept and callback is not None and opts.callback_cg_every else None
     reported = False  # the iterate was just handed to the callback by an inner report
     pending = None  # the gradient pass at the point the finishing step moved to
     warm_finish = finishes and center is not None
@@ -1582,9 +1701,9 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
                     warm_finish = True
             while start_reason is None:
                 g = D = Z = None  # the last iterate's n-vectors go before the pass allocates the next ones
-                g = pending if pending is not None else passes.gradient(beta, smoothing.value, shift)
+                g = pending if pending is not None else passes.gradient(beta, smoothing.value, shift, b)
                 pending = None
-                alpha, state = g["A"], {"beta": basis.to_external(beta)}
+                alpha, state = g["A"], _newton_state(basis, beta, b)
                 gap = g["primal"] + g["dual"]
                 rel = gap / torch.maximum(g["primal"].abs(), g["dual"].abs()).clamp_min(torch.finfo(dtype).tiny)
                 extra = {} if inner is None else {"cg_iterations": inner.total}
@@ -1626,7 +1745,9 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
                         w_sample, shards, lambda t: passes.exact_hessian(w_sample, t) if exact else
                         passes.preconditioner(sample, w_sample[:, t], n_s, rank, gen_sketch))
                     precond_w = w_sample
-                if quadratic:
+                if quadratic and intercept:
+                    eta, still_open = opts.newton_cg_tol, None
+                elif quadratic:
                     # the gap test decides; no float32 floor (a recurrence that drifts is caught by the
                     # next gradient pass, which is float64)
                     if inner is not None:
@@ -1636,12 +1757,24 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
                 else:
                     eta, still_open = min(0.1, max(cg_floor, math.sqrt(max(float(rel.max()), 0.0)))), None
                 products = passes.passes
-                D, Z = _pcg(passes, g["grad"], g["W"], precond, eta, opts.max_cg, still_open)
+                if intercept:
+                    D, Z, db, flat = _bordered_step(passes, g, precond, eta, opts.max_cg)
+                    if bool(flat.any()):
+                        # no row has curvature (Huber with every residual beyond its threshold: an intercept far
+                        # from 0): the Newton step cannot move b; b alone goes to its minimiser at this beta
+                        db = torch.where(flat, _intercept_minimiser(loss, Y, c_col, g["F"], b, shards) - b, db)
+                        D[:, flat], Z[:, flat] = 0.0, 0.0
+                else:
+                    D, Z = _pcg(passes, g["grad"], g["W"], precond, eta, opts.max_cg, still_open)
                 if formable and not exact and passes.passes - products > FORM_HESSIAN_AFTER_PRODUCTS:
                     # Falkon's preconditioner assumes a uniform curvature; where the conjugate gradients crawl on it
                     # (logistic at small penalties: W from 1e-10 to 1/4), the Hessian is formed from now on
                     exact, precond = True, None
-                t = _line_search(loss, Y, c_col, beta, D, g["F"], Z, g["grad"], smoothing.value, shards, shift)
+                if intercept:
+                    t = _line_search(loss, Y, c_col, beta, D, g["F"] + b, Z + db, g["grad"], smoothing.value, shards,
+                                     shift, slope_b=float((g["grad_b"] * db).sum()))
+                else:
+                    t = _line_search(loss, Y, c_col, beta, D, g["F"], Z, g["grad"], smoothing.value, shards, shift)
                 # the next record's iterate is the last one reported when the step was whole and CG ended there
                 reported = inner is not None and inner.last == inner.total and t == 1.0
                 it += 1
@@ -1657,6 +1790,8 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
                     status = "converged" if at_rounding_floor(float(rel.max()), opts.tol, dtype) else "stalled"
                     break
                 beta = shards.broadcast_(beta + t * D)  # every rank keeps rank 0's weights
+                if intercept:
+                    b = shards.broadcast_(b + t * db)
         except (RuntimeError, MemoryError) as exc:
             if not is_out_of_memory(exc):
                 raise
@@ -1676,4 +1811,4 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
     return res
 
 
-register_solver("newton", "features", feature_newton, distributed=True)
+register_solver("newton", "features", feature_newton, distributed=True, intercept=fits_intercept)

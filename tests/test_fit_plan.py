@@ -201,6 +201,8 @@ def test_engine_and_intercept_modes():
     assert _plan().intercept == "none"
     kinked = _plan(loss=get_loss("epsilon_insensitive"), features="cossin", n_features=8, intercept=True)
     assert kinked.solver == "newton" and kinked.intercept == "search"
+    smooth = _plan(loss=get_loss("logistic"), features="cossin", n_features=8, intercept=True)
+    assert smooth.solver == "newton" and smooth.intercept == "engine"  # b inside the feature Newton steps
     assert _plan(loss=get_loss("epsilon_insensitive"), features="cossin", n_features=8).solver == "newton"
     assert _plan(solver="dbcd_tr").requested_solver == "dbcd_tr"
 

@@ -41,8 +41,8 @@ def _bordered_krr(X, Y, Xq, penalty):
 @pytest.mark.parametrize("features, solver, T, mode", [
     ("exact", "auto", 1, "engine"),        # active_set fits b itself
     ("exact", "dbcd_tr", 2, "search"),     # the core search around DBCD-TR
-    ("nystrom", "auto", 1, "search"),      # M = n centres: Nystrom is the exact kernel; the search around Newton
-    ("nystrom", "auto", 2, "search"),
+    ("nystrom", "auto", 1, "engine"),      # M = n centres: Nystrom is the exact kernel; Newton fits b in its steps
+    ("nystrom", "auto", 2, "engine"),
 ])
 def test_squared_with_intercept_is_krr_with_an_unpenalised_intercept(features, solver, T, mode):
     X, Y, Xq = _data(T=T)
@@ -112,7 +112,7 @@ def test_logistic_falkon_with_intercept_is_logistic_regression_with_an_intercept
     n, pens = X.shape[0], [1e-1, 1e-2]
     m = JokerLogisticFalkon(GaussianKernel(SIGMA), pens, [20, 20], "logistic", n, center_selection=X,
                             features="nystrom", fit_intercept=True, tol=1e-13, seed=0).fit(X, y)
-    assert m.fit_plan_.intercept == "search" and m.status_ == "converged"
+    assert m.fit_plan_.intercept == "engine" and m.status_ == "converged"  # b inside the Newton steps
     K = _precomputed(X)
     lam, Q = np.linalg.eigh(K)
     keep = lam > 1e-12 * lam.max()

@@ -71,8 +71,10 @@ def test_feature_newton_band_hessian_on_cuda_matches_the_cpu(loss):
     _check(X, cpu, gpu)
 
 
-@pytest.mark.parametrize("loss", ["pinball", "hinge"])
-def test_feature_newton_intercept_search_on_cuda_matches_the_cpu(loss):
+@pytest.mark.parametrize("loss", ["pinball", "hinge", "logistic"])
+def test_feature_newton_intercept_on_cuda_matches_the_cpu(loss):
+    """Pinball, hinge: the intercept search around the engine; logistic: ``b`` inside the Newton steps (the
+    bordered system's two right-hand sides in one conjugate-gradient run, float32 passes on the GPU)."""
     X, (cpu, gpu) = _pair(loss, 3000, 5, n_features=256, fit_intercept=True)
     _check(X, cpu, gpu)
     assert np.abs(np.asarray(gpu.intercept_) - cpu.intercept_).max() <= 1e-6

@@ -907,6 +907,11 @@ def test_engines_declare_the_losses_whose_intercept_they_fit():
     assert supports_intercept("newton", "exact", get_loss("hinge"))
     assert not supports_intercept("newton", "exact", SmoothedAbsolute())
     assert not supports_intercept("dbcd_tr", "exact", get_loss("logistic"))
+    # features: the Newton steps take b for the losses that need no smoothing; the kinked ones get the search
+    assert supports_intercept("newton", "features", get_loss("logistic"))
+    assert supports_intercept("newton", "features", get_loss("squared_hinge"))
+    assert not supports_intercept("newton", "features", get_loss("hinge"))
+    assert not supports_intercept("newton", "features", SmoothedAbsolute())
     for loss, how in ((get_loss("logistic"), "engine"), (SmoothedAbsolute(), "search")):
         assert make_fit_plan(GaussianKernel(1.0), loss, n=50, solver="newton", intercept=True).intercept == how
     register_solver("only_squared", "exact", get_solver("active_set", "exact"),

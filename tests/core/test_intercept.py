@@ -70,7 +70,8 @@ def test_dbcd_tr_with_intercept_is_the_bordered_closed_form(T):
 
 
 def test_feature_newton_with_intercept_is_the_bordered_closed_form_of_the_feature_kernel():
-    """Random features with the feature Newton engine: the bordered system on ``K = Phi Phi^T``."""
+    """Random features with the feature Newton engine, which fits the intercept inside its Newton steps (no search):
+    the bordered system on ``K = Phi Phi^T``."""
     X, Y = _targets(2, n=120, seed=1)
     kernel = GaussianKernel(1.0)
     fmap = make_feature_map(kernel, 40, seed=3)
@@ -78,12 +79,68 @@ def test_feature_newton_with_intercept_is_the_bordered_closed_form_of_the_featur
     m = fit_dual(torch.as_tensor(X), torch.as_tensor(Y), loss=get_loss("squared"), c=torch.as_tensor(c),
                  kernel=kernel, feature_map=fmap, options=SolverOptions(tol=1e-14, max_iter=200), solver="newton",
                  intercept=True)
-    assert m.result.status == "converged" and m.extra["intercept"] == "search"
+    assert m.result.status == "converged" and "intercept" not in m.extra
+    assert "intercept_rounds" not in m.result.state
     Phi = fmap(torch.as_tensor(X)).numpy()
     a_ref, b_ref = _bordered(Phi @ Phi.T, Y, c)
     np.testing.assert_allclose(m.result.state["intercept"].numpy(), b_ref, rtol=1e-8, atol=1e-8)
     np.testing.assert_allclose(m.beta.numpy(), Phi.T @ a_ref, rtol=1e-7, atol=1e-7)
     assert m.beta.shape == (40, 2)  # the base features' weights, not those of the augmented problem
+
+
+@pytest.mark.parametrize("loss_name", ["logistic", "squared_hinge"])
+def test_feature_newton_fits_the_intercept_of_a_smooth_classification_loss_as_scikit_learn(loss_name):
+    """Logistic and squared hinge losses, sample weights, unbalanced classes (an intercept far from 0), random
+    features: the intercept is fitted inside the Newton steps (no search), at scikit-learn's LogisticRegression /
+    LinearSVC (squared hinge, dual=False) optimum on the same features with an unpenalised intercept."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.svm import LinearSVC
+
+    X, y = make_binary(n=400, seed=4)
+    y = np.where(np.arange(400) % 5 == 0, y, 1.0)  # mostly one class
+    kernel = GaussianKernel(1.5)
+    fmap = make_feature_map(kernel, 60, seed=2)
+    c = np.random.default_rng(3).uniform(0.5, 4.0, 400)
+    m = fit_dual(torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1), loss=get_loss(loss_name), c=torch.as_tensor(c),
+                 kernel=kernel, feature_map=fmap, options=SolverOptions(tol=1e-14, max_iter=100), solver="newton",
+                 intercept=True)
+    assert m.result.status == "converged" and "intercept" not in m.extra
+    Phi = fmap(torch.as_tensor(X)).numpy()
+    if loss_name == "logistic":
+        ref = LogisticRegression(C=1.0, tol=1e-12, max_iter=10_000).fit(Phi, y, sample_weight=c)
+    else:  # C sum max(0, 1 - y f)^2 with weights c / 2; LinearSVC penalises its intercept, whose constant feature of
+        # scale 1e3 makes that penalty negligible
+        ref = LinearSVC(C=1.0, loss="squared_hinge", dual=False, tol=1e-12, max_iter=100_000,
+                        intercept_scaling=1e3).fit(Phi, y, sample_weight=0.5 * c)
+    b = float(m.result.state["intercept"][0])
+    assert abs(b) > 0.5  # the intercept matters here
+    np.testing.assert_allclose(m.beta[:, 0].numpy(), ref.coef_[0], rtol=0, atol=1e-5 * np.abs(ref.coef_).max())
+    assert b == pytest.approx(float(ref.intercept_[0]), abs=1e-5 * max(1.0, abs(b)))
+    assert abs(float(m.alpha.sum())) <= 1e-10 * float(m.alpha.abs().sum())  # the certified dual point: sum a = 0
+
+
+@pytest.mark.parametrize("offset", [0.0, 1e3])
+def test_feature_newton_fits_a_far_huber_intercept_as_cvxpy(offset):
+    """Huber loss (threshold 1) on random features with the targets shifted by ``offset``: at ``b = 0`` every residual
+    lies beyond the threshold, no row has curvature and the bordered Newton step cannot move ``b`` (the fit stalled at
+    a relative gap of 1.0); ``b`` then goes alone to its minimiser. The optimum is cvxpy's on the same features."""
+    cp = pytest.importorskip("cvxpy")
+    X, y = make_regression(n=200, seed=5)
+    y = y + offset
+    kernel = GaussianKernel(1.0)
+    fmap = make_feature_map(kernel, 30, seed=1)
+    C = 2.0
+    m = fit_dual(torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1), loss=get_loss("huber"),
+                 c=torch.full((200,), C, dtype=F64), kernel=kernel, feature_map=fmap,
+                 options=SolverOptions(tol=1e-12, max_iter=100), solver="newton", intercept=True)
+    assert m.result.status == "converged" and "intercept" not in m.extra, (m.result.status, m.result.rel_gap)
+    Phi = fmap(torch.as_tensor(X)).numpy()
+    beta, b = cp.Variable(30), cp.Variable()
+    prob = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(beta) + C * cp.sum(0.5 * cp.huber(y - Phi @ beta - b, 1.0))))
+    prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
+    bm = float(m.result.state["intercept"][0])
+    assert bm == pytest.approx(float(b.value), abs=1e-6 * max(1.0, abs(offset)))
+    assert m.result.primal == pytest.approx(prob.value, rel=1e-7)
 
 
 def _precomputed(X, sigma):
