@@ -1061,7 +1061,7 @@ def _bordered_step(passes: _Passes, g: dict, precond, eta: float, max_cg: int):
                 eta, max_cg)
     v = g["v"]
     schur = g["w_sum"] - (v * X[:, T:]).sum(0)
-    curved = schur > 0  # (else no row has curvature: see _flat_intercept_step)
+    curved = schur > 0  # (else no row has curvature: the caller moves b alone, _intercept_minimiser)
     db = torch.where(curved, (-g["grad_b"] - (v * X[:, :T]).sum(0)) / torch.where(curved, schur, 1.0), 0.0)
     return X[:, :T] - X[:, T:] * db, Z[:, :T] - Z[:, T:] * db, db, ~curved
 
@@ -1083,7 +1083,8 @@ def _intercept_minimiser(loss: Loss, Y, c_col, F, b: torch.Tensor, shards: Singl
         direction, step = (-1.0 if s0 > 0 else 1.0), max(1.0, abs(b0))
         near, far = b0, b0 + direction * step
         for _ in range(INTERCEPT_BRACKET):  # until dP/db changes sign between near and far
-            if (slope(far) > 0) != (s0 > 0) or slope(far) == 0.0:
+            s_far = slope(far)
+            if (s_far > 0) != (s0 > 0) or s_far == 0.0:
                 break
             near, step = far, 2.0 * step
             far = b0 + direction * step
