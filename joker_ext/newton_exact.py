@@ -76,7 +76,7 @@ from .intercept import feasible_dual
 from .losses import Loss
 from .memory import is_out_of_memory
 from .projected_newton import newton_direction
-from .smoothing import Continuation, needs_smoothing
+from .smoothing import Continuation, needs_smoothing, smooth_for_any_targets
 from .solver import SolverOptions, SolverResult, duality_gap, orthant_box
 
 __all__ = ["exact_newton", "cholesky_solve"]
@@ -377,10 +377,7 @@ def fits_intercept(loss: Loss) -> bool:
     """Whether :func:`exact_newton` fits the intercept itself for ``loss``: duals quadratic or linear on their box
     (the active-set method keeps ``sum a = 0``) and losses whose conjugate is smooth inside its box (the primal Newton
     steps take ``b`` as one more unknown), probed at ``y = 1``, ``c = 1``."""
-    if loss.quadratic:
-        return True
-    probe = torch.ones(1, 1, dtype=torch.float64)
-    return not needs_smoothing(loss, probe, probe.reshape(-1))
+    return bool(loss.quadratic) or smooth_for_any_targets(loss)
 
 
 register_solver("newton", "exact", exact_newton, intercept=fits_intercept)

@@ -122,7 +122,7 @@ from .kernels import CallableKernel
 from .losses import Loss
 from .memory import estimate_fit_memory, is_out_of_memory, keeps_features, plan_newton
 from .operators import ExactOperator
-from .smoothing import Continuation, needs_smoothing
+from .smoothing import Continuation, needs_smoothing, smooth_for_any_targets
 from .solver import SolverOptions, SolverResult
 from .working_set import working_set
 
@@ -1110,10 +1110,9 @@ def _newton_state(basis, beta: torch.Tensor, b: Optional[torch.Tensor]) -> dict:
 
 
 def fits_intercept(loss: Loss) -> bool:
-    """Whether :func:`feature_newton` fits the intercept itself for ``loss``: losses that need no smoothing (probed at
-    ``y = 1``, ``c = 1``); the kinked ones get it from the intercept search."""
-    probe = torch.ones(1, 1, dtype=torch.float64)
-    return not needs_smoothing(loss, probe, probe.reshape(-1))
+    """Whether :func:`feature_newton` fits the intercept itself for ``loss``: losses that need no smoothing
+    (:func:`~joker_ext.smoothing.smooth_for_any_targets`); the kinked ones get it from the intercept search."""
+    return smooth_for_any_targets(loss)
 
 
 def constant_curvature(loss: Loss, Y: torch.Tensor, c_col: torch.Tensor) -> bool:
@@ -1771,11 +1770,12 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
                     # Falkon's preconditioner assumes a uniform curvature; where the conjugate gradients crawl on it
                     # (logistic at small penalties: W from 1e-10 to 1/4), the Hessian is formed from now on
                     exact, precond = True, None
-                if intercept:
-                    t = _line_search(loss, Y, c_col, beta, D, g["F"] + b, Z + db, g["grad"], smoothing.value, shards,
-                                     shift, slope_b=float((g["grad_b"] * db).sum()))
-                else:
-                    t = _line_search(loss, Y, c_col, beta, D, g["F"], Z, g["grad"], smoothing.value, shards, shift)
+                # (with an intercept the predictions along the step hold b + t db)
+                F_line, Z_line, slope_b = (g["F"] + b, Z + db, float((g["grad_b"] * db).sum())) if intercept \
+                    else (g["F"], Z, 0.0)
+                t = _line_search(loss, Y, c_col, beta, D, F_line, Z_line, g["grad"], smoothing.value, shards, shift,
+                                 slope_b=slope_b)
+                F_line = Z_line = None
                 # the next record's iterate is the last one reported when the step was whole and CG ended there
                 reported = inner is not None and inner.last == inner.total and t == 1.0
                 it += 1

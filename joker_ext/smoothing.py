@@ -19,7 +19,7 @@ import torch
 
 from .losses import Loss
 
-__all__ = ["needs_smoothing", "Continuation"]
+__all__ = ["needs_smoothing", "smooth_for_any_targets", "Continuation"]
 
 
 def needs_smoothing(loss: Loss, Y: torch.Tensor, c: torch.Tensor) -> bool:
@@ -33,6 +33,13 @@ def needs_smoothing(loss: Loss, Y: torch.Tensor, c: torch.Tensor) -> bool:
     hi = torch.where(torch.isinf(hi), probe_c, hi)
     mid = 0.5 * (lo + hi)
     return bool((loss.psi_hess(mid, probe_y, probe_c) <= 0).any())
+
+
+def smooth_for_any_targets(loss: Loss) -> bool:
+    """:func:`needs_smoothing`'s answer without targets, probed at ``y = 1``, ``c = 1``: True when ``loss`` needs no
+    smoothing (the engines' registries decide from the loss alone whether they fit an intercept for it)."""
+    probe = torch.ones(1, 1, dtype=torch.float64)
+    return not needs_smoothing(loss, probe, probe.reshape(-1))
 
 
 class Continuation:
