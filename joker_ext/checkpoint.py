@@ -8,9 +8,12 @@ never half of one.
 
 Two kinds:
 
-* ``kind='solver'``: the DBCD-TR state during a fit (dual variables, operator state, trust-region radii,
-  iteration count and the block generator's state). Resuming from it continues the fit bitwise as if it
-  had not stopped (same seed, same data, CPU).
+* ``kind='solver'``: an engine's state during a fit (dual variables, operator state with the intercept, and for
+  DBCD-TR the trust-region radii, iteration count and the block generator's state; for the intercept search of
+  :mod:`joker_ext.intercept` its root search, best round and history under ``'search'``). Resuming DBCD-TR or
+  the intercept search continues the fit bitwise as if it had not stopped (same seed, same data, CPU); the
+  second-order engines go on from the saved iterate (their smoothing level, active sets and factorizations are
+  rebuilt from it), so they end at the same tolerance, not bitwise at the same point.
 * ``kind='estimator'``: a fitted :class:`~joker_ext.JokerRegressor` / :class:`~joker_ext.JokerClassifier`
   (its parameters, kernel description, feature-map seed, dual coefficients and training inputs).
 """
@@ -81,11 +84,14 @@ def _cpu(x):
         return x.detach().to("cpu").clone()
     if isinstance(x, dict):
         return {k: _cpu(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_cpu(v) for v in x]
     return x
 
 
 def save_solver_state(path: PathLike, info: Dict[str, Any], meta: Optional[dict] = None) -> Path:
-    """Save the solver state from a callback ``info`` dict (alpha, state, radius, iteration, rng_state)."""
+    """Save the solver state from a callback ``info`` dict (alpha, state, radius, iteration, rng_state, and the
+    intercept search's own state under ``'search'`` when it wrote it)."""
     obj = {
         "format": "joker_ext",
         "version": FORMAT_VERSION,
@@ -97,6 +103,8 @@ def save_solver_state(path: PathLike, info: Dict[str, Any], meta: Optional[dict]
         "rng_state": _cpu(info["rng_state"]),
         "meta": json.dumps(meta or {}),
     }
+    if "search" in info:
+        obj["search"] = _cpu(info["search"])
     return atomic_save(obj, path)
 
 
@@ -108,7 +116,8 @@ def load_solver_state(path: PathLike) -> Dict[str, Any]:
 
 
 class SolverCheckpointer:
-    """A solver callback that writes a checkpoint every ``every`` iterations (chained to ``callback``)."""
+    """A solver callback that writes a checkpoint every ``every`` iterations (chained to ``callback``); the
+    intercept search, whose rounds do not end at multiples of ``every``, calls :meth:`save` itself."""
 
     def __init__(self, path: PathLike, every: int, meta: Optional[dict] = None, callback=None):
         if isinstance(every, bool) or int(every) != every or every < 1:
@@ -121,11 +130,16 @@ class SolverCheckpointer:
 
     def __call__(self, info: Dict[str, Any]):
         if info["iteration"] % self.every == 0:
-            save_solver_state(self.path, info, self.meta)
-            self.saved += 1
+            self.save(info)
         if self.callback is not None:
             return self.callback(info)
         return None
+
+    def save(self, info: Dict[str, Any]) -> Path:
+        """Write ``info`` now (:func:`save_solver_state`)."""
+        path = save_solver_state(self.path, info, self.meta)
+        self.saved += 1
+        return path
 
 
 # ---------------------------------------------------------------------------- estimators

@@ -274,7 +274,11 @@ class _JokerBase(BaseEstimator):
             alpha0, b0 = None, None
         data = BlockData(torch.from_numpy(np.array(Xk, copy=True, order="C")), plan.dtype, plan.device)
         Yt = torch.as_tensor(Yk)
-        checkpoint = None if self.fit_intercept else self.checkpoint  # documented: not with an intercept
+        checkpoint = self.checkpoint
+        if checkpoint is not None and plan.intercept == "search" and shards.distributed:
+            raise ValueError(f"checkpoint cannot be used with fit_intercept=True and distributed=True for loss "
+                             f"{plan.loss.name!r}, whose intercept comes from the intercept search (each process's "
+                             f"dual variables would be needed); got checkpoint={str(checkpoint)!r}")
         resume = None
         if checkpoint is not None and not shards.any(not os.path.isfile(checkpoint)) and alpha0 is None:
             resume = checkpoint  # continue an interrupted fit of the same data bitwise
@@ -481,9 +485,12 @@ _COMMON_PARAMS_DOC = """
         warning and the fit continues from the last consistent iterate.
     checkpoint : str or path, optional
         Write the solver state to this file every ``checkpoint_every`` block iterations (atomically,
-        tensors only). If the file exists when ``fit`` starts (a fit of the same data was interrupted),
-        the fit resumes from it and ends bitwise where the uninterrupted fit would have (CPU, same seed).
-        Not used with ``fit_intercept=True``.
+        tensors only; with ``fit_intercept=True`` the intercept too, and where the intercept search fits it
+        (``fit_plan_.intercept == 'search'``) the search's state, written between its solves). If the file
+        exists when ``fit`` starts (a fit of the same data and settings was interrupted), the fit resumes from
+        it: DBCD-TR and the intercept search end bitwise where the uninterrupted fit would have (CPU, same
+        seed), the second-order engines go on from the saved iterate to the same tolerance. Not with
+        ``distributed=True`` when the intercept search fits the intercept.
     checkpoint_every : int, default 100
     distributed : bool, default False
         True: ``fit`` is called by every process of an initialised ``torch.distributed`` process group

@@ -243,6 +243,18 @@ class RootSearch:
         self.b = new
         return new
 
+    _ARRAYS = ("b", "lo", "hi", "s_lo", "s_hi", "side", "prev_b", "prev_s")
+
+    def state_dict(self) -> dict:
+        """The search's state as tensors (for a checkpoint; ``prev_b`` and ``prev_s`` absent before the first
+        update)."""
+        return {k: torch.from_numpy(getattr(self, k).copy()) for k in self._ARRAYS if getattr(self, k) is not None}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from :meth:`state_dict`'s output."""
+        for k in self._ARRAYS:
+            setattr(self, k, state[k].cpu().numpy().copy() if k in state else None)
+
 
 def _augmentation_scale(kernel: Kernel, data, shards: SingleProcess) -> float:
     """``rho``: the kernel's scale (its mean diagonal on the first 256 rows), so that ``K`` and the constant part
@@ -258,7 +270,8 @@ def fit_intercept_search(data, Y: torch.Tensor, *, loss: Loss, c: torch.Tensor, 
                          feature_map: Optional[FeatureMap], options: SolverOptions, dtype: torch.dtype,
                          device: torch.device, solve: Callable[..., SolverResult],
                          alpha0: Optional[torch.Tensor] = None, intercept0=None,
-                         shards: Optional[SingleProcess] = None, callback: Optional[Callable] = None) -> SolverResult:
+                         shards: Optional[SingleProcess] = None, callback: Optional[Callable] = None,
+                         snapshot: Optional[Callable] = None, resume: Optional[dict] = None) -> SolverResult:
     """Fit ``f(x) = sum_i alpha_i k(x_i, x) + b`` with an unregularized ``b`` per target around an engine.
 
     The dual gains the constraint ``sum_i alpha_i = 0``, whose multiplier is ``b`` (module docstring for the
@@ -295,6 +308,14 @@ def fit_intercept_search(data, Y: torch.Tensor, *, loss: Loss, c: torch.Tensor, 
         Called after each round with ``{'round', 'iteration', 'time', 'alpha', 'state', 'primal', 'dual', 'gap',
         'rel_gap'}`` of the joint problem (``state`` as in the result); returning True stops the search
         (status 'callback').
+    snapshot : SolverCheckpointer, optional
+        Writes the search's state (:meth:`SolverCheckpointer.save <joker_ext.checkpoint.SolverCheckpointer.save>`)
+        after each round in which the engine iterations of all solves together pass a multiple of
+        ``snapshot.every``: the dual variables, the intercepts, :meth:`RootSearch.state_dict`, the best round so
+        far and the history, under the key ``'search'``.
+    resume : dict, optional
+        Such a checkpoint (:func:`joker_ext.checkpoint.load_solver_state`): the search goes on from the round after
+        it, with the same solves an uninterrupted search would have made (the same result, bitwise, on the CPU).
 
     Returns
     -------
@@ -334,6 +355,15 @@ def fit_intercept_search(data, Y: torch.Tensor, *, loss: Loss, c: torch.Tensor, 
     tol_eff = max(tol, floor)
     inner_tol = max(tol_eff, 1e-6)
     halved_at, stale = math.inf, 0  # the joint gap when it last halved, and the rounds since
+    if resume is not None:
+        alpha = resume["alpha"].to(device=device, dtype=dtype)
+        saved = resume["search"]
+        search.load_state_dict(saved["root"])
+        total, rounds, inner_tol = int(resume["iteration"]), int(saved["rounds"]), float(saved["inner_tol"])
+        halved_at, stale = float(saved["halved_at"]), int(saved["stale"])
+        history = [_record_from_plain(r) for r in saved["history"]]
+        best = _best_from_checkpoint(saved["best"], device, dtype)
+        t0 -= float(saved["time"])
     while True:
         b = torch.as_tensor(search.b, dtype=torch.float64)
         elapsed = time.perf_counter() - t0
@@ -408,12 +438,50 @@ def fit_intercept_search(data, Y: torch.Tensor, *, loss: Loss, c: torch.Tensor, 
                 "max_time" if out_of_time else "max_iter" if total >= opts.max_iter else "stalled")
             break
         search.update(s)
+        if snapshot is not None and total // snapshot.every > (total - res.n_iter) // snapshot.every:
+            snapshot.save(_checkpoint(alpha, search, total, rounds, inner_tol, halved_at, stale, history, best,
+                                      time.perf_counter() - t0))
     state = _state(best["intercept"], best["beta"], best["f"], fmap, device)
     state["intercept_rounds"] = torch.tensor(rounds, dtype=torch.int64)
     inner_res = best["result"]
     return SolverResult(alpha=inner_res.alpha, state=state, n_iter=total, status=status, primal=best["primal"],
                         dual=best["dual"], gap=best["gap"], rel_gap=best["rel_gap"], radius=inner_res.radius,
                         history=history)
+
+
+def _checkpoint(alpha, search: RootSearch, total: int, rounds: int, inner_tol: float, halved_at: float, stale: int,
+                history: list, best: dict, elapsed: float) -> dict:
+    """The search's state after a round, as the ``info`` of :meth:`joker_ext.checkpoint.SolverCheckpointer.save`
+    (tensors and plain numbers only)."""
+    res = best["result"]
+    kept = {"alpha": res.alpha, "radius": res.radius, "beta": best["beta"], "f": best["f"]}
+    best_plain = {**_record_to_plain({k: v for k, v in best.items() if k not in ("result", "beta", "f")}),
+                  **{k: v for k, v in kept.items() if v is not None}}
+    return {"alpha": alpha, "state": {"intercept": torch.from_numpy(search.b.copy())}, "radius": None,
+            "iteration": total, "rng_state": None,
+            "search": {"root": search.state_dict(), "rounds": rounds, "inner_tol": inner_tol, "halved_at": halved_at,
+                       "stale": stale, "time": elapsed, "history": [_record_to_plain(r) for r in history],
+                       "best": best_plain}}
+
+
+def _record_to_plain(rec: dict) -> dict:
+    """A round's record with its arrays as lists (a checkpoint holds no numpy objects)."""
+    return {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in rec.items()}
+
+
+def _record_from_plain(rec: dict) -> dict:
+    return {k: (np.asarray(v, dtype=np.float64) if k in ("intercept", "sum_alpha") else v) for k, v in rec.items()}
+
+
+def _best_from_checkpoint(saved: dict, device, dtype) -> dict:
+    """The best round's record, its engine result (what the search returns of it) and its ``beta`` / ``f``."""
+    move = lambda k: None if saved.get(k) is None else saved[k].to(device=device, dtype=dtype)
+    best = _record_from_plain({k: v for k, v in saved.items() if k not in ("alpha", "radius", "beta", "f")})
+    best["result"] = SolverResult(alpha=move("alpha"), state={}, n_iter=0, status="resumed", primal=best["primal"],
+                                  dual=best["dual"], gap=best["gap"], rel_gap=best["rel_gap"],
+                                  radius=saved.get("radius"), history=[])
+    best["beta"], best["f"] = move("beta"), move("f")
+    return best
 
 
 def _device(b: np.ndarray, like: torch.Tensor) -> torch.Tensor:

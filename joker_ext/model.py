@@ -119,8 +119,10 @@ def fit_dual(
         Warm start.
     resume : dict or path, optional
         A solver checkpoint (``{'alpha', 'state', 'radius', 'iteration', 'rng_state'}`` or the path of a
-        file written by :class:`joker_ext.checkpoint.SolverCheckpointer`): the fit continues from it and
-        ends bitwise where an uninterrupted fit with the same data, options and seed would (on CPU).
+        file written by :class:`joker_ext.checkpoint.SolverCheckpointer`): the fit continues from it. DBCD-TR and
+        the intercept search end bitwise where an uninterrupted fit with the same data, options and seed would
+        (on CPU); the second-order engines go on from the saved iterate and intercept and end at the same
+        tolerance.
     max_memory : int or str, optional
         Memory budget ('2GB', bytes) of this process's device: block size and chunk rows (DBCD-TR) or the
         preconditioner's rank and the chunk rows (feature Newton with random features,
@@ -131,7 +133,8 @@ def fit_dual(
         state (:func:`joker_ext.primal_newton.default_budget`). Independently of it, a block that runs out of
         memory is halved (with a warning) and the fit continues from the last consistent iterate.
     checkpoint_path, checkpoint_every : optional
-        Write a solver checkpoint to ``checkpoint_path`` every ``checkpoint_every`` iterations (atomic).
+        Write a solver checkpoint to ``checkpoint_path`` every ``checkpoint_every`` iterations (atomic; with the
+        intercept, its current value is in the checkpoint's state).
     solver : str
         The engine (:mod:`joker_ext.engines`): 'auto', 'newton' or 'dbcd_tr' (or a registered one).
         ``options.max_iter`` counts that engine's outer iterations. The chosen name is stored in
@@ -142,10 +145,12 @@ def fit_dual(
         'working_set') fit it themselves; around every other engine the intercept search of
         :func:`joker_ext.intercept.fit_intercept_search` runs (warm-started engine solves; ``options.max_iter``
         is then the budget of all solves, ``model.result.state['intercept_rounds']`` their number and
-        ``model.result.history`` has one record per solve). The search takes no ``resume``, ``checkpoint_path``
-        or ``validation``; ``callback`` is called once per solve with the joint problem's iterate.
+        ``model.result.history`` has one record per solve). The search takes no ``validation``; ``callback`` is
+        called once per solve with the joint problem's iterate; its checkpoints are written between solves (after
+        a solve in which the iterations of all solves together pass a multiple of ``checkpoint_every``) and
+        ``resume`` continues the search from there (not with rows spread over processes).
     intercept0 : array (T,), optional
-        Warm start of the intercept search (ignored by engines that fit the intercept themselves).
+        Warm start of the intercept: the search's first ``b``, or the engine's starting intercept.
     distributed : bool or RowShards
         True: ``X``, ``Y`` and ``c`` are this process's shard of the training rows, spread over the
         processes of the initialised ``torch.distributed`` process group (:mod:`joker_ext.distributed`);
@@ -201,15 +206,22 @@ def fit_dual(
     engine = get_solver(name, op.mode)
     if shards.distributed:
         kw["shards"] = shards
+    searched = resume is not None and "search" in resume
     if intercept and not supports_intercept(name, op.mode, loss):
         return _fit_with_search(data, Yd, loss=loss, c=c, kernel=kernel, feature_map=feature_map, options=opts,
                                 dtype=dtype, device=device, alpha0=alpha0, intercept0=intercept0, callback=callback,
                                 chunk_rows=chunk_rows, backend=backend, max_memory=max_memory,
                                 block_model=block_model, solver=name, shards=shards, n_all=n_all,
-                                unsupported={"resume": resume, "checkpoint_path": checkpoint_path,
-                                             "validation": validation})
+                                snapshot=snapshot, checkpointing=checkpoint_path is not None, resume=resume,
+                                validation=validation)
+    if searched:
+        raise ValueError(f"resume holds a checkpoint of the intercept search (joker_ext.intercept), but solver {name!r} "
+                         f"{'fits the intercept itself' if intercept else 'runs without intercept'}: resume with the "
+                         f"settings of the interrupted fit")
     if intercept:
         kw["intercept"] = True
+        if resume is None and intercept0 is not None:  # a warm start of the engine's own intercept
+            kw["state0"] = {"intercept": torch.as_tensor(intercept0, dtype=dtype, device=device).reshape(Yd.shape[1])}
     if budget is not None and name == "working_set":  # half the budget to the kernel-column cache
         kw["cache_columns"] = max(1, budget // (2 * data.n * (torch.finfo(dtype).bits // 8)))
     if opts.max_iter is None:
@@ -272,14 +284,23 @@ def fit_dual(
 
 
 def _fit_with_search(data, Yd, *, loss, c, kernel, feature_map, options, dtype, device, alpha0, intercept0, callback,
-                     chunk_rows, backend, max_memory, block_model, solver, shards, n_all, unsupported) -> KernelModel:
+                     chunk_rows, backend, max_memory, block_model, solver, shards, n_all, snapshot, checkpointing,
+                     resume, validation) -> KernelModel:
     """:func:`fit_dual` with ``intercept=True`` for an engine that does not fit the intercept itself: the search of
-    :func:`joker_ext.intercept.fit_intercept_search`, each of its solves one :func:`fit_dual` without intercept."""
-    given = [k for k, v in unsupported.items() if v is not None]
-    if given:
-        raise ValueError(f"{given[0]} cannot be used with intercept=True and solver {solver!r}, which gets the "
-                         f"intercept from the intercept search (joker_ext.intercept); got {given[0]}="
-                         f"{unsupported[given[0]]!r:.80}")
+    :func:`joker_ext.intercept.fit_intercept_search`, each of its solves one :func:`fit_dual` without intercept,
+    checkpointed and resumed between solves."""
+    if validation is not None:
+        raise ValueError(f"validation cannot be used with intercept=True and solver {solver!r}, which gets the "
+                         f"intercept from the intercept search (joker_ext.intercept); got validation={validation!r:.80}")
+    if shards.distributed and (checkpointing or resume is not None):
+        raise ValueError("checkpoint_path and resume cannot be used with intercept=True and rows spread over "
+                         "processes when the intercept comes from the intercept search (each process's dual "
+                         "variables would be needed; only rank 0 writes): fit without them, or with a loss whose "
+                         "engine fits the intercept")
+    if resume is not None and "search" not in resume:
+        raise ValueError(f"resume holds a checkpoint of solver {solver!r} alone, but this fit gets the intercept from "
+                         f"the intercept search (joker_ext.intercept) around it: resume with the settings of the "
+                         f"interrupted fit")
     if options.max_iter is None:
         options = replace(options, max_iter=default_engine_iter(solver, n_all, options.block_size, search=True,
                                                                   loss=loss))
@@ -292,7 +313,7 @@ def _fit_with_search(data, Yd, *, loss, c, kernel, feature_map, options, dtype, 
 
     res = fit_intercept_search(data, Yd, loss=loss, c=c, kernel=kernel, feature_map=feature_map, options=options,
                                dtype=dtype, device=device, solve=solve, alpha0=alpha0, intercept0=intercept0,
-                               shards=shards, callback=callback)
+                               shards=shards, callback=callback, snapshot=snapshot, resume=resume)
     return KernelModel(kernel=kernel, feature_map=feature_map, X_train=data, alpha=res.alpha,
                        beta=res.state.get("beta"), result=res, chunk_rows=chunk_rows, backend=backend,
                        extra={"solver": solver, "intercept": "search", "bytes_reduced": shards.bytes_reduced,

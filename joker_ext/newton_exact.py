@@ -108,7 +108,7 @@ class _Column:
     """One target column: its iterate, ``f = K alpha``, and its smoothing."""
 
     def __init__(self, K, diagK, loss: Loss, a, f, y, c, lo, hi, smoothing: float, eps0: float, warm: bool = False,
-                 intercept: bool = False):
+                 intercept: bool = False, b0: float = 0.0):
         self.K, self.diagK, self.loss = K, diagK, loss
         self.a, self.f, self.y, self.c, self.lo, self.hi = a, f, y, c, lo, hi
         self.smoothing = Continuation(smoothing)
@@ -118,7 +118,7 @@ class _Column:
         # a warm start, else from w = 0 (f = 0, whose dual point the default start ``a`` is)
         self.primal = not loss.quadratic and not smoothing
         self.intercept = intercept
-        self.b = 0.0  # the intercept (primal steps with ``intercept``)
+        self.b = float(b0) if intercept else 0.0  # the intercept (primal steps with ``intercept``)
         self.rounding_step = False  # whether the last primal step was taken at the rounding of P
         self.w, self.fw = None, None
         self.K_inf: Optional[float] = None  # |K|_inf, for the primal Newton system's conditioning
@@ -271,7 +271,10 @@ def exact_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options
     options : SolverOptions
         ``max_iter`` Newton iterations, ``tol`` on the relative duality gap, ``max_time``.
     alpha0 : Tensor (n, T), optional
-        Warm start (projected on the box; ``state0`` is not needed: ``K alpha`` is recomputed exactly).
+        Warm start (projected on the box; ``K alpha`` is recomputed exactly).
+    state0 : dict, optional
+        ``state0['intercept']`` (T,): the starting intercept of the primal Newton steps (a warm start or a
+        checkpoint's); its other entries are not needed.
     callback, validation, snapshot, snapshot_every :
         As in :func:`joker_ext.solver.dbcd_tr`, once per Newton iteration.
     intercept : bool
@@ -347,8 +350,11 @@ def exact_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options
                                  f"inside its box (primal Newton steps) or quadratic on it; loss {loss.name!r} on "
                                  f"these targets needs smoothing: fit it with the intercept search "
                                  f"(joker_ext.intercept)")
+            b0 = [0.0] * T if state0 is None or "intercept" not in state0 else \
+                state0["intercept"].double().cpu().reshape(T).tolist()
             columns = [_Column(K, diagK, loss.column(t), alpha[:, t].clone(), F[:, t].clone(), Y[:, t], c_col[:, 0],
-                               lo_all[:, t], hi_all[:, t], s0, eps0, warm=alpha0 is not None, intercept=intercept)
+                               lo_all[:, t], hi_all[:, t], s0, eps0, warm=alpha0 is not None, intercept=intercept,
+                               b0=b0[t])
                        for t in range(T)]
             rec = certify(it)
             reason = "converged" if rec["rel_gap"] <= opts.tol else None

@@ -206,8 +206,9 @@ class FitPlan:
         ``distributed`` flag); ``run`` holds what belongs to one run, not to the plan: ``alpha0``,
         ``callback``, ``validation``, ``resume``, ``checkpoint_path``, ``checkpoint_every``, ``intercept0``. With
         ``intercept='engine'`` the engine fits the intercept; with ``intercept='search'`` the intercept search of
-        :func:`joker_ext.intercept.fit_intercept_search` runs around the engine (no ``resume``, ``validation`` or
-        checkpoints then); either way the intercepts are ``model.result.state['intercept']``.
+        :func:`joker_ext.intercept.fit_intercept_search` runs around the engine (no ``validation`` then; its
+        checkpoints are written between its solves); either way the intercepts are
+        ``model.result.state['intercept']``.
         """
         return fit_dual(X, Y, loss=self.loss, c=self.c, kernel=self.kernel, feature_map=self.feature_map,
                         options=self.options, dtype=self.dtype, device=self.device, chunk_rows=self.chunk_rows,

@@ -535,6 +535,9 @@ def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options:
         ``max_iter`` outer iterations, ``tol`` on the relative duality gap, ``max_time``.
     alpha0 : Tensor (n, T), optional
         Warm start (projected on the box; with an intercept it must sum to zero per column to be used).
+    state0 : dict, optional
+        Not needed: ``K alpha`` is recomputed, and the intercept follows from ``alpha`` (the intervals of
+        :meth:`_Column.intercept_bounds`), so a checkpoint's or warm start's intercept is implied by its ``alpha``.
     intercept : bool
         Fit an unregularized intercept per column (``state['intercept']``).
     working_set_size : int

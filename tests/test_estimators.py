@@ -28,6 +28,7 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.svm import SVC, SVR
 from sklearn.utils.class_weight import compute_sample_weight
 
+from joker_ext.checkpoint import load_solver_state
 from joker_ext.estimators import CLASSIFICATION_LOSSES, REGRESSION_LOSSES, JokerClassifier, JokerRegressor
 
 
@@ -390,6 +391,49 @@ def test_warm_start_along_C_path_saves_iterations():
     other.fit(X[:150], y[:150])
     fresh = JokerClassifier(C=1.0, **kw).fit(X[:150], y[:150])
     assert other.n_iter_ == fresh.n_iter_
+
+
+@pytest.mark.parametrize("n_features", [None, 64], ids=["exact", "rff"])
+def test_warm_start_carries_the_intercept_an_engine_fits(n_features):
+    """Where the engine fits the intercept (logistic: exact Newton's primal steps, feature Newton's bordered steps),
+    a warm start starts it at the previous fit's intercept: a refit on the same data starts at the optimum and
+    takes no iteration (started at b = 0 with the optimal weights, it took 6), and along C it stays at
+    scikit-learn's LogisticRegression optimum on the same kernel features (intercept to 1e-5)."""
+    X, y = make_classification(n_samples=300, n_features=4, n_informative=3, n_redundant=0, weights=[0.8],
+                               random_state=2)
+    est = JokerClassifier(loss="logistic", C=5.0, sigma=1.5, n_features=n_features, random_state=0,
+                          fit_intercept=True, warm_start=True, tol=1e-12).fit(X, y)
+    assert est.fit_plan_.intercept == "engine" and est.n_iter_ >= 3 and abs(est.intercept_[0]) > 0.5
+    est.fit(X, y)
+    assert est.n_iter_ == 0 and est.status_ == "converged"
+    est.set_params(C=8.0).fit(X, y)
+    assert est.status_ == "converged"
+    if n_features is None:  # the exact kernel's features: the Cholesky factor of K (w = L^T alpha)
+        Z = np.linalg.cholesky(rbf_kernel(X, gamma=1 / (2 * 1.5 ** 2)) + 1e-12 * np.eye(300))
+    else:
+        Z = est.feature_map_(torch.as_tensor(X)).numpy()
+    ref = LogisticRegression(C=8.0, tol=1e-12, max_iter=10000).fit(Z, y)
+    np.testing.assert_allclose(est.intercept_, ref.intercept_, atol=1e-5)
+
+
+@pytest.mark.parametrize("n_features,loss", [(None, "logistic"), (64, "hinge")], ids=["exact-engine", "rff-search"])
+def test_checkpoint_with_intercept_is_written_and_resumed(tmp_path, n_features, loss):
+    """checkpoint= works with fit_intercept=True (it was ignored): the file holds the intercept (and, where the
+    intercept search fits it, the search's state); a fit that finds the file left by an interrupted fit resumes
+    from it and ends at the same model as a fit without checkpoint (predictions to 1e-6)."""
+    X, y = make_classification(n_samples=400, n_features=4, n_informative=3, n_redundant=0, weights=[0.7],
+                               random_state=5)
+    kw = dict(loss=loss, C=10.0, sigma=1.5, n_features=n_features, random_state=0, fit_intercept=True, tol=1e-10)
+    plain = JokerClassifier(**kw).fit(X, y)
+    path = tmp_path / "fit.ckpt"
+    first = JokerClassifier(**kw, checkpoint=str(path), checkpoint_every=1).fit(X, y)
+    state = load_solver_state(path)
+    assert "intercept" in state["state"]
+    assert ("search" in state) == (first.fit_plan_.intercept == "search")
+    resumed = JokerClassifier(**kw, checkpoint=str(path), checkpoint_every=1).fit(X, y)
+    assert resumed.status_ == "converged"
+    np.testing.assert_allclose(resumed.decision_function(X), plain.decision_function(X), atol=1e-6)
+    np.testing.assert_allclose(resumed.intercept_, plain.intercept_, atol=1e-6)
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import joker_ext
+from joker_ext.checkpoint import load_solver_state
 from joker_ext.kernels import GaussianKernel
 from joker_ext.losses import get_loss
 from joker_ext.model import fit_dual
@@ -201,14 +202,88 @@ def test_warm_start_intercept_and_callback_per_round():
                                atol=1e-10)
 
 
-@pytest.mark.parametrize("arg", ["resume", "checkpoint_path", "validation"])
-def test_search_refuses_the_run_arguments_it_cannot_honour(arg, tmp_path):
+def test_search_refuses_validation_and_a_checkpoint_of_another_fit():
     X, Y = _targets(1, n=30)
-    value = {"resume": {"alpha": torch.zeros(30, 1, dtype=F64), "state": {}}, "checkpoint_path": tmp_path / "ck.pt",
-             "validation": lambda *a: 0.0}[arg]
-    with pytest.raises(ValueError, match=f"{arg} cannot be used with intercept=True"):
-        fit_dual(torch.as_tensor(X), torch.as_tensor(Y), loss=get_loss("squared"), c=torch.ones(30, dtype=F64),
-                 kernel=GaussianKernel(1.0), solver="dbcd_tr", intercept=True, **{arg: value})
+    kw = dict(loss=get_loss("squared"), c=torch.ones(30, dtype=F64), kernel=GaussianKernel(1.0), solver="dbcd_tr",
+              intercept=True)
+    with pytest.raises(ValueError, match="validation cannot be used with intercept=True"):
+        fit_dual(torch.as_tensor(X), torch.as_tensor(Y), validation=lambda *a: 0.0, **kw)
+    engine_alone = {"alpha": torch.zeros(30, 1, dtype=F64), "state": {}}  # a checkpoint of DBCD-TR without search
+    with pytest.raises(ValueError, match="resume holds a checkpoint of solver 'dbcd_tr' alone"):
+        fit_dual(torch.as_tensor(X), torch.as_tensor(Y), resume=engine_alone, **kw)
+
+
+class _Crash(Exception):
+    pass
+
+
+@pytest.mark.parametrize("mode,solver,loss_name", [("exact", "dbcd_tr", "squared"), ("features", "newton", "hinge"),
+                                                   ("features", "newton", "epsilon_insensitive")])
+def test_search_resumed_from_its_checkpoint_ends_bitwise_where_the_uninterrupted_search_does(tmp_path, mode, solver,
+                                                                                          loss_name):
+    """A search that crashes after its third round and is resumed from the checkpoint written after its second
+    makes the same solves: the same dual variables, intercept, gap and history as a search never interrupted; and
+    its result solves the problem (relative gap within tol)."""
+    loss = get_loss(loss_name)
+    X, y = (make_binary if loss.margin else make_regression)(n=400, seed=4)
+    Y = torch.as_tensor(y + (0.0 if loss.margin else 2.5)).reshape(-1, 1)
+    kernel = GaussianKernel(1.0)
+    fmap = (lambda: None) if mode == "exact" else (lambda: make_feature_map(kernel, 48, seed=2))
+    kw = dict(loss=loss, c=torch.full((400,), 10.0, dtype=F64), kernel=kernel, solver=solver, intercept=True,
+              options=SolverOptions(tol=1e-10, max_iter=3000, seed=1))
+    full = fit_dual(torch.as_tensor(X), Y, feature_map=fmap(), **kw)
+    assert int(full.result.state["intercept_rounds"]) >= 4 and full.result.rel_gap <= 1e-10
+
+    def crash_after_round_3(info):
+        if info["round"] == 3:
+            raise _Crash
+
+    ck = tmp_path / "search.ckpt"
+    with pytest.raises(_Crash):
+        fit_dual(torch.as_tensor(X), Y, feature_map=fmap(), checkpoint_path=ck, checkpoint_every=1,
+                 callback=crash_after_round_3, **kw)
+    saved = load_solver_state(ck)
+    # written after round 1 or 2 (round 3's callback raised before its checkpoint; a round without engine
+    # iterations, where the solve started converged, passes no multiple of checkpoint_every)
+    assert 1 <= saved["search"]["rounds"] <= 2
+    resumed = fit_dual(torch.as_tensor(X), Y, feature_map=fmap(), resume=ck, **kw)
+    assert torch.equal(resumed.alpha, full.alpha)
+    assert torch.equal(resumed.result.state["intercept"], full.result.state["intercept"])
+    assert resumed.result.n_iter == full.result.n_iter and resumed.result.rel_gap == full.result.rel_gap
+    assert [r["rel_gap"] for r in resumed.result.history] == [r["rel_gap"] for r in full.result.history]
+
+
+@pytest.mark.parametrize("mode,loss_name", [("exact", "logistic"), ("exact", "hinge"), ("features", "logistic")])
+def test_engine_fitting_the_intercept_resumes_from_its_checkpoint(tmp_path, mode, loss_name):
+    """The engines that fit the intercept themselves (exact Newton's primal steps, the working set, feature Newton)
+    save it with their iterate; a fit crashed half way and resumed ends at the uninterrupted fit's optimum
+    (within tol), its intercept saved in the checkpoint."""
+    loss = get_loss(loss_name)
+    X, y = make_binary(n=500, seed=6)
+    Y = torch.as_tensor(y).reshape(-1, 1)
+    kernel = GaussianKernel(1.0)
+    fmap = (lambda: None) if mode == "exact" else (lambda: make_feature_map(kernel, 64, seed=3))
+    kw = dict(loss=loss, c=torch.full((500,), 20.0, dtype=F64), kernel=kernel, intercept=True,
+              options=SolverOptions(tol=1e-12))
+    full = fit_dual(torch.as_tensor(X), Y, feature_map=fmap(), **kw)
+    assert full.result.n_iter >= 4
+    half = full.result.n_iter // 2
+
+    def crash(info):
+        if info["iteration"] == half:
+            raise _Crash
+
+    ck = tmp_path / "engine.ckpt"
+    with pytest.raises(_Crash):
+        fit_dual(torch.as_tensor(X), Y, feature_map=fmap(), checkpoint_path=ck, checkpoint_every=1, callback=crash,
+                 **kw)
+    saved = load_solver_state(ck)
+    assert "intercept" in saved["state"] and 1 <= saved["iteration"] <= half
+    resumed = fit_dual(torch.as_tensor(X), Y, feature_map=fmap(), resume=ck, **kw)
+    assert resumed.result.status == "converged" and resumed.result.rel_gap <= 1e-12
+    assert resumed.result.primal == pytest.approx(full.result.primal, rel=1e-10)
+    np.testing.assert_allclose(resumed.result.state["intercept"].numpy(), full.result.state["intercept"].numpy(),
+                               atol=1e-5)
 
 
 def test_plan_intercept_must_be_a_bool():
