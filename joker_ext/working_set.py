@@ -93,7 +93,7 @@ from .defaults import FILL_ELEMENTS, WORKING_SET_DTYPE
 from .dense import cholesky_shifted, scipy_blas_on_one_thread
 from .interior_point import solve_box_qp
 from .free_factor import FreeFactor
-from .engines import WORKING_SET_SIZE, Monitor, at_rounding_floor, register_solver, sigint_as_flag
+from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag, working_set_size as default_size
 from .losses import Loss
 from .memory import is_out_of_memory, working_set_cache_rows
 from .solver import SolverOptions, SolverResult
@@ -519,7 +519,7 @@ def _decompose(src: _KernelRows, diagK, loss: Loss, Y, c_col, alpha, F, intercep
 def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: Optional[SolverOptions] = None,
                 *, alpha0: Optional[torch.Tensor] = None, state0=None, start_iter: int = 0, callback=None,
                 validation=None, snapshot=None, snapshot_every=None, intercept: bool = False,
-                working_set_size: int = WORKING_SET_SIZE, cache_columns: Optional[int] = None, **_resume) -> SolverResult:
+                working_set_size: Optional[int] = None, cache_columns: Optional[int] = None, **_resume) -> SolverResult:
     """Minimise the dual by working-set decomposition (see the module docstring).
 
     Parameters
@@ -540,8 +540,9 @@ def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options:
         :meth:`_Column.intercept_bounds`), so a checkpoint's or warm start's intercept is implied by its ``alpha``.
     intercept : bool
         Fit an unregularized intercept per column (``state['intercept']``).
-    working_set_size : int
-        ``q``, coordinates per subproblem.
+    working_set_size : int, optional
+        ``q``, coordinates per subproblem (default :func:`joker_ext.engines.working_set_size`: 256 for a dual with a
+        kink inside its box, epsilon-insensitive, else 512).
     cache_columns : int, optional
         Kernel rows kept: by default all ``n`` (``K`` is formed lazily) when ``n^2`` numbers fit half of
         :data:`~joker_ext.engines.DEFAULT_EXACT_MEMORY`, else ``min(n, 4 q)``.
@@ -555,7 +556,7 @@ def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options:
     dtype, device = Y.dtype, Y.device
     if intercept:  # a start off the hyperplane sum a = 0 is not feasible: those columns start from zero
         alpha[:, alpha.sum(0).abs() > 1e-12 * alpha.abs().sum(0).clamp_min(1.0)] = 0.0
-    q = max(2, min(int(working_set_size), n))
+    q = max(2, min(int(default_size(loss) if working_set_size is None else working_set_size), n))
     if cache_columns is None:  # all of K when it fits half the default budget of the exact engines, else 4 q rows
         cache_columns = working_set_cache_rows(n, torch.finfo(dtype).bits // 8, q)
     mon = Monitor(opts, callback=callback, validation=validation, snapshot=snapshot, snapshot_every=snapshot_every,
