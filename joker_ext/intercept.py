@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import warnings
 from typing import Callable, Optional
 
 import numpy as np
@@ -316,6 +317,8 @@ def fit_intercept_search(data, Y: torch.Tensor, *, loss: Loss, c: torch.Tensor, 
     resume : dict, optional
         Such a checkpoint (:func:`joker_ext.checkpoint.load_solver_state`): the search goes on from the round after
         it, with the same solves an uninterrupted search would have made (the same result, bitwise, on the CPU).
+        A checkpoint of another problem (other loss, kernel, ``C`` or targets: :func:`_signature`) only warm-starts
+        the dual variables and the intercept, with a RuntimeWarning.
 
     Returns
     -------
@@ -355,6 +358,16 @@ def fit_intercept_search(data, Y: torch.Tensor, *, loss: Loss, c: torch.Tensor, 
     tol_eff = max(tol, floor)
     inner_tol = max(tol_eff, 1e-6)
     halved_at, stale = math.inf, 0  # the joint gap when it last halved, and the rounds since
+    problem = _signature(loss, kernel, feature_map, Yd, cd)
+    if resume is not None and resume["search"].get("problem") != problem:
+        # another problem's search (other C, loss or kernel): its brackets on b would mislead this one's, so its
+        # dual point and intercept are only a warm start
+        warnings.warn("resume holds the intercept search of another problem (loss, kernel, costs or targets "
+                      "differ): its dual variables and intercept are used as a warm start", RuntimeWarning,
+                      stacklevel=3)
+        alpha = resume["alpha"].to(device=device, dtype=dtype)
+        search = RootSearch(resume["search"]["root"]["b"].cpu().numpy(), rho)
+        resume = None
     if resume is not None:
         alpha = resume["alpha"].to(device=device, dtype=dtype)
         saved = resume["search"]
@@ -440,7 +453,7 @@ def fit_intercept_search(data, Y: torch.Tensor, *, loss: Loss, c: torch.Tensor, 
         search.update(s)
         if snapshot is not None and total // snapshot.every > (total - res.n_iter) // snapshot.every:
             snapshot.save(_checkpoint(alpha, search, total, rounds, inner_tol, halved_at, stale, history, best,
-                                      time.perf_counter() - t0))
+                                      time.perf_counter() - t0, problem))
     state = _state(best["intercept"], best["beta"], best["f"], fmap, device)
     state["intercept_rounds"] = torch.tensor(rounds, dtype=torch.int64)
     inner_res = best["result"]
@@ -449,10 +462,17 @@ def fit_intercept_search(data, Y: torch.Tensor, *, loss: Loss, c: torch.Tensor, 
                         history=history)
 
 
+def _signature(loss: Loss, kernel: Kernel, feature_map: Optional[FeatureMap], Y: torch.Tensor, c: torch.Tensor) -> str:
+    """What a search checkpoint must match to be resumed: the loss and its parameters, the kernel and feature map, the
+    shapes and sums of the targets and costs (a checkpoint of the same rows at another ``C`` does not match)."""
+    return (f"{loss.name} {loss.params()} | {kernel!r} | {feature_map!r} | {tuple(Y.shape)} "
+            f"{float(Y.double().sum()):.17g} {float(c.double().sum()):.17g} {float(c.double().square().sum()):.17g}")
+
+
 def _checkpoint(alpha, search: RootSearch, total: int, rounds: int, inner_tol: float, halved_at: float, stale: int,
-                history: list, best: dict, elapsed: float) -> dict:
+                history: list, best: dict, elapsed: float, problem: str) -> dict:
     """The search's state after a round, as the ``info`` of :meth:`joker_ext.checkpoint.SolverCheckpointer.save`
-    (tensors and plain numbers only)."""
+    (tensors and plain numbers only; ``problem`` the :func:`_signature` it belongs to)."""
     res = best["result"]
     kept = {"alpha": res.alpha, "radius": res.radius, "beta": best["beta"], "f": best["f"]}
     best_plain = {**_record_to_plain({k: v for k, v in best.items() if k not in ("result", "beta", "f")}),
@@ -461,7 +481,7 @@ def _checkpoint(alpha, search: RootSearch, total: int, rounds: int, inner_tol: f
             "iteration": total, "rng_state": None,
             "search": {"root": search.state_dict(), "rounds": rounds, "inner_tol": inner_tol, "halved_at": halved_at,
                        "stale": stale, "time": elapsed, "history": [_record_to_plain(r) for r in history],
-                       "best": best_plain}}
+                       "best": best_plain, "problem": problem}}
 
 
 def _record_to_plain(rec: dict) -> dict:

@@ -148,7 +148,9 @@ def fit_dual(
         ``model.result.history`` has one record per solve). The search takes no ``validation``; ``callback`` is
         called once per solve with the joint problem's iterate; its checkpoints are written between solves (after
         a solve in which the iterations of all solves together pass a multiple of ``checkpoint_every``) and
-        ``resume`` continues the search from there (not with rows spread over processes).
+        ``resume`` continues the search from there (not with rows spread over processes). A checkpoint of the other
+        kind (an engine's own, for the search; the search's, for an engine that fits the intercept) or of another
+        problem is used as a warm start only, with a RuntimeWarning.
     intercept0 : array (T,), optional
         Warm start of the intercept: the search's first ``b``, or the engine's starting intercept.
     distributed : bool or RowShards
@@ -214,10 +216,13 @@ def fit_dual(
                                 block_model=block_model, solver=name, shards=shards, n_all=n_all,
                                 snapshot=snapshot, checkpointing=checkpoint_path is not None, resume=resume,
                                 validation=validation)
-    if searched:
-        raise ValueError(f"resume holds a checkpoint of the intercept search (joker_ext.intercept), but solver {name!r} "
-                         f"{'fits the intercept itself' if intercept else 'runs without intercept'}: resume with the "
-                         f"settings of the interrupted fit")
+    if searched:  # a checkpoint of another kind of fit: its iterate is a warm start
+        warnings.warn(f"resume holds a checkpoint of the intercept search (joker_ext.intercept), but solver {name!r} "
+                      f"{'fits the intercept itself' if intercept else 'runs without intercept'}: its dual variables "
+                      f"are used as a warm start", RuntimeWarning, stacklevel=2)
+        kw = {k: v for k, v in kw.items() if k in ("alpha0", "shards")}
+        intercept0 = resume["state"].get("intercept") if intercept else None
+        resume = None
     if intercept:
         kw["intercept"] = True
         if resume is None and intercept0 is not None:  # a warm start of the engine's own intercept
@@ -297,10 +302,11 @@ def _fit_with_search(data, Yd, *, loss, c, kernel, feature_map, options, dtype, 
                          "processes when the intercept comes from the intercept search (each process's dual "
                          "variables would be needed; only rank 0 writes): fit without them, or with a loss whose "
                          "engine fits the intercept")
-    if resume is not None and "search" not in resume:
-        raise ValueError(f"resume holds a checkpoint of solver {solver!r} alone, but this fit gets the intercept from "
-                         f"the intercept search (joker_ext.intercept) around it: resume with the settings of the "
-                         f"interrupted fit")
+    if resume is not None and "search" not in resume:  # a checkpoint of another kind of fit: a warm start
+        warnings.warn(f"resume holds a checkpoint of solver {solver!r} alone, but this fit gets the intercept from the "
+                      f"intercept search (joker_ext.intercept) around it: its dual variables are used as a warm start",
+                      RuntimeWarning, stacklevel=3)
+        alpha0, resume = resume["alpha"], None
     if options.max_iter is None:
         options = replace(options, max_iter=default_engine_iter(solver, n_all, options.block_size, search=True,
                                                                   loss=loss))

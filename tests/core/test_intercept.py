@@ -202,15 +202,35 @@ def test_warm_start_intercept_and_callback_per_round():
                                atol=1e-10)
 
 
-def test_search_refuses_validation_and_a_checkpoint_of_another_fit():
+def test_search_refuses_validation_and_takes_a_checkpoint_of_another_fit_as_a_warm_start():
     X, Y = _targets(1, n=30)
     kw = dict(loss=get_loss("squared"), c=torch.ones(30, dtype=F64), kernel=GaussianKernel(1.0), solver="dbcd_tr",
-              intercept=True)
+              intercept=True, options=SolverOptions(tol=1e-12, max_iter=5000))
     with pytest.raises(ValueError, match="validation cannot be used with intercept=True"):
         fit_dual(torch.as_tensor(X), torch.as_tensor(Y), validation=lambda *a: 0.0, **kw)
-    engine_alone = {"alpha": torch.zeros(30, 1, dtype=F64), "state": {}}  # a checkpoint of DBCD-TR without search
-    with pytest.raises(ValueError, match="resume holds a checkpoint of solver 'dbcd_tr' alone"):
-        fit_dual(torch.as_tensor(X), torch.as_tensor(Y), resume=engine_alone, **kw)
+    # a checkpoint of DBCD-TR without the search (e.g. of a fit without intercept): its alpha is a warm start
+    engine_alone = fit_dual(torch.as_tensor(X), torch.as_tensor(Y), **{**kw, "intercept": False})
+    resume = {"alpha": engine_alone.alpha, "state": engine_alone.result.state}
+    with pytest.warns(RuntimeWarning, match="checkpoint of solver 'dbcd_tr' alone"):
+        m = fit_dual(torch.as_tensor(X), torch.as_tensor(Y), resume=resume, **kw)
+    alpha, b = _bordered(GaussianKernel(1.0)(torch.as_tensor(X), torch.as_tensor(X)).numpy(), Y, np.ones(30))
+    np.testing.assert_allclose(m.result.state["intercept"].numpy(), b, atol=1e-6)
+
+
+def test_engine_fitting_the_intercept_takes_a_search_checkpoint_as_a_warm_start(tmp_path):
+    """A checkpoint written by the intercept search around DBCD-TR, resumed with an engine that fits the intercept
+    itself (the active-set method): a warm start from its alpha and intercept (RuntimeWarning), ending at the
+    bordered system's solution."""
+    X, Y = _targets(1, n=40)
+    kw = dict(loss=get_loss("squared"), c=torch.ones(40, dtype=F64), kernel=GaussianKernel(1.0), intercept=True,
+              options=SolverOptions(tol=1e-12, max_iter=5000))
+    ck = tmp_path / "search.ckpt"
+    fit_dual(torch.as_tensor(X), torch.as_tensor(Y), solver="dbcd_tr", checkpoint_path=ck, checkpoint_every=1, **kw)
+    with pytest.warns(RuntimeWarning, match="holds a checkpoint of the intercept search"):
+        m = fit_dual(torch.as_tensor(X), torch.as_tensor(Y), solver="active_set", resume=ck, **kw)
+    alpha, b = _bordered(GaussianKernel(1.0)(torch.as_tensor(X), torch.as_tensor(X)).numpy(), Y, np.ones(40))
+    np.testing.assert_allclose(m.result.state["intercept"].numpy(), b, atol=1e-8)
+    np.testing.assert_allclose(m.alpha.numpy(), alpha, atol=1e-8)
 
 
 class _Crash(Exception):
@@ -251,6 +271,14 @@ def test_search_resumed_from_its_checkpoint_ends_bitwise_where_the_uninterrupted
     assert torch.equal(resumed.result.state["intercept"], full.result.state["intercept"])
     assert resumed.result.n_iter == full.result.n_iter and resumed.result.rel_gap == full.result.rel_gap
     assert [r["rel_gap"] for r in resumed.result.history] == [r["rel_gap"] for r in full.result.history]
+    # the same checkpoint for the problem at another C: its brackets on b belong to the other problem, so it is only
+    # a warm start; the fit still solves its own problem (a cold fit's primal objective)
+    other = dict(kw, c=torch.full((400,), 30.0, dtype=F64))
+    with pytest.warns(RuntimeWarning, match="intercept search of another problem"):
+        warm = fit_dual(torch.as_tensor(X), Y, feature_map=fmap(), resume=ck, **other)
+    cold = fit_dual(torch.as_tensor(X), Y, feature_map=fmap(), **other)
+    assert warm.result.rel_gap <= 1e-10
+    assert warm.result.primal == pytest.approx(cold.result.primal, rel=1e-9)
 
 
 @pytest.mark.parametrize("mode,loss_name", [("exact", "logistic"), ("exact", "hinge"), ("features", "logistic")])
