@@ -160,6 +160,10 @@ BAND_ROWS_SHARE = 0.5
 #: The continuation's smoothing after the interior-point start (times its usual start): centred at a point near the
 #: solution, the proximal steps need little of it.
 INTERIOR_SMOOTHING = 1e-3
+#: A warm start of a kinked loss whose first relative gap is above this goes to the interior-point start instead (the
+#: cold path): from another problem's solution (``warm_start`` along a path of C) the continuation took longer than
+#: the interior point from scratch; from the intercept search's previous round the gap is 1e-15 to 6e-3.
+WARM_START_FAR_GAP = 2e-2
 #: Doubling steps that bracket the intercept's minimiser, and bisections of the bracket (:func:`_intercept_minimiser`).
 INTERCEPT_BRACKET = 200
 INTERCEPT_BISECTIONS = 200
@@ -1669,11 +1673,25 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
     # iterations where the continuation takes 30-150; features not kept, each of its products is a pass), or, where
     # it does not start (the hinge loss, float32 features) or gave up, with the features kept, the working-set engine
     # on the features' linear kernel; the continuation goes on from there
-    interior = (finishes and center is None and state0 is None and bool((c_col > 0).all())
-                and opts.max_iter > start_iter)
+    can_interior = finishes and state0 is None and bool((c_col > 0).all()) and opts.max_iter > start_iter
     start_reason = None
     with sigint_as_flag(opts.handle_sigint) as sig:
         try:
+            if can_interior and center is not None:
+                # a warm start: its own sets first (the finishing step); kept where that lands near the solution
+                # (the intercept search's next round), else the cold path (another problem's solution)
+                pending = passes.gradient(beta, smoothing.value, shift, b)
+                finished = _finish(passes, loss, Y, c_col, beta, center, pending, smoothing.value)
+                if finished is not None:
+                    beta, center, pending = finished
+                    shift = smoothing.value * center / c_col
+                warm_finish = False
+                gap0 = pending["primal"] + pending["dual"]
+                far = gap0 > WARM_START_FAR_GAP * torch.maximum(pending["primal"].abs(), pending["dual"].abs())
+                if shards.any(bool(far.any())):
+                    pending, center, shift = None, None, None
+                    beta = torch.zeros_like(beta)
+            interior = can_interior and center is None
             if interior:
                 def record(count, A, B, primal, dual):
                     nonlocal rec, alpha, state
