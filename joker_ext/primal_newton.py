@@ -1685,6 +1685,8 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
                 if finished is not None:
                     beta, center, pending = finished
                     shift = smoothing.value * center / c_col
+                    if pending is None:  # (the finishing step may leave its point's pass to the caller)
+                        pending = passes.gradient(beta, smoothing.value, shift, b)
                 warm_finish = False
                 gap0 = pending["primal"] + pending["dual"]
                 far = gap0 > WARM_START_FAR_GAP * torch.maximum(pending["primal"].abs(), pending["dual"].abs())
