@@ -160,9 +160,10 @@ BAND_ROWS_SHARE = 0.5
 #: The continuation's smoothing after the interior-point start (times its usual start): centred at a point near the
 #: solution, the proximal steps need little of it.
 INTERIOR_SMOOTHING = 1e-3
-#: A warm start of a kinked loss whose first relative gap is above this goes to the interior-point start instead (the
-#: cold path): from another problem's solution (``warm_start`` along a path of C) the continuation took longer than
-#: the interior point from scratch; from the intercept search's previous round the gap is 1e-15 to 6e-3.
+#: A warm start of a kinked loss whose relative gap, after the finishing step from its own active sets, is above this
+#: goes to the interior-point start instead (the cold path): from another problem's solution (``warm_start`` along a
+#: path of C: 0.04-2.0 there) the continuation took longer than the interior point from scratch; from the intercept
+#: search's previous round the gap there is 1e-15 to 4.5e-4, and the round keeps its warm start.
 WARM_START_FAR_GAP = 2e-2
 #: Doubling steps that bracket the intercept's minimiser, and bisections of the bracket (:func:`_intercept_minimiser`).
 INTERCEPT_BRACKET = 200
