@@ -49,7 +49,7 @@ import torch
 
 from .defaults import CONVERGENCE_WARN_GAP
 from .dense import cholesky_shifted, scipy_blas_on_one_thread
-from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag
+from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag, start_intercept
 from .free_factor import FreeFactor
 from .losses import Loss
 from .memory import is_out_of_memory
@@ -614,9 +614,7 @@ def active_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: 
     opts, c_col, alpha = box_qp_inputs("active_set", operator, Y, loss, c, options, alpha0)
     n, T = Y.shape
     dtype, device = Y.dtype, Y.device
-    b_all = torch.zeros(T, dtype=dtype, device=device)
-    if intercept and state0 is not None and "intercept" in state0:
-        b_all = state0["intercept"].to(dtype=dtype, device=device).reshape(T).clone()
+    b_all = start_intercept(state0 if intercept else None, T, dtype, device)
     mon = Monitor(opts, callback=callback, validation=validation, snapshot=snapshot, snapshot_every=snapshot_every,
                   dtype=dtype, expand=expand)
     generator = torch.Generator().manual_seed(int(opts.seed) if opts.seed is not None else 0)

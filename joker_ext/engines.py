@@ -55,7 +55,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["at_rounding_floor", "register_solver", "get_solver", "available_solvers", "resolve_solver",
            "supports_intercept", "supports_distributed", "Monitor",
-           "DEFAULT_EXACT_MEMORY", "default_max_iter", "KINKED_NEWTON_MAX_ITER", "working_set_size"]
+           "DEFAULT_EXACT_MEMORY", "default_max_iter", "KINKED_NEWTON_MAX_ITER", "working_set_size", "start_intercept"]
 
 #: Memory the full-dual Newton engine may give the ``n x n`` kernel matrix and its factor when the user
 #: sets no ``max_memory`` (bytes).
@@ -208,6 +208,14 @@ def needs_smoothing_loss(loss) -> bool:
 
     y = torch.ones(1, 1, dtype=torch.float64)
     return needs_smoothing(loss, y, torch.ones(1, dtype=torch.float64))
+
+
+def start_intercept(state0: Optional[dict], T: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """The intercepts (T,) an engine that fits them starts from: ``state0['intercept']`` (a warm start's or a
+    checkpoint's) where given, else zeros."""
+    if state0 is None or "intercept" not in state0:
+        return torch.zeros(T, dtype=dtype, device=device)
+    return torch.as_tensor(state0["intercept"], dtype=dtype, device=device).reshape(T).clone()
 
 
 def working_set_size(loss) -> int:

@@ -358,7 +358,8 @@ def fit_intercept_search(data, Y: torch.Tensor, *, loss: Loss, c: torch.Tensor, 
     tol_eff = max(tol, floor)
     inner_tol = max(tol_eff, 1e-6)
     halved_at, stale = math.inf, 0  # the joint gap when it last halved, and the rounds since
-    problem = _signature(loss, kernel, feature_map, Yd, cd)
+    # (only a checkpoint needs the problem's signature)
+    problem = None if snapshot is None and resume is None else _signature(loss, kernel, feature_map, Yd, cd)
     if resume is not None and resume["search"].get("problem") != problem:
         # another problem's search (other C, loss or kernel): its brackets on b would mislead this one's, so its
         # dual point and intercept are only a warm start

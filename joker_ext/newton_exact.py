@@ -71,7 +71,7 @@ import torch
 
 from .active_set import active_set
 from .dense import MIXED_PRECISION_MIN, RefinedCholesky, cholesky_ex, cholesky_shifted, cholesky_solve
-from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag
+from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag, start_intercept
 from .intercept import feasible_dual
 from .losses import Loss
 from .memory import is_out_of_memory
@@ -350,8 +350,7 @@ def exact_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options
                                  f"inside its box (primal Newton steps) or quadratic on it; loss {loss.name!r} on "
                                  f"these targets needs smoothing: fit it with the intercept search "
                                  f"(joker_ext.intercept)")
-            b0 = [0.0] * T if state0 is None or "intercept" not in state0 else \
-                state0["intercept"].double().cpu().reshape(T).tolist()
+            b0 = start_intercept(state0, T, torch.float64, "cpu").tolist()
             columns = [_Column(K, diagK, loss.column(t), alpha[:, t].clone(), F[:, t].clone(), Y[:, t], c_col[:, 0],
                                lo_all[:, t], hi_all[:, t], s0, eps0, warm=alpha0 is not None, intercept=intercept,
                                b0=b0[t])

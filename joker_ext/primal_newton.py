@@ -113,7 +113,7 @@ from .data import BlockData
 from .dense import cholesky_ex, cholesky_shifted, cholesky_solve
 from .distributed import SingleProcess, local_positions
 from .intercept import feasible_scales
-from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag
+from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag, start_intercept
 from .engines import default_max_iter as engine_max_iter
 from .feature_interior import (ABANDON_GAP, ABANDON_PATIENCE, ABANDON_RISE, DIVERGED, FINISH_FROM, ColumnSolve,
                                FeatureGram, worth_starting, zero_inside)
@@ -1613,10 +1613,7 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
         s0 = float(c_sum) / passes.n_total
     else:
         s0 = 0.0
-    b = None
-    if intercept:  # the intercept, from a checkpoint's state when there is one
-        b = torch.zeros(T, dtype=dtype, device=device) if state0 is None or "intercept" not in state0 else \
-            torch.as_tensor(state0["intercept"], dtype=dtype, device=device).reshape(T).clone()
+    b = start_intercept(state0, T, dtype, device) if intercept else None  # (a warm start's or checkpoint's)
     # a quadratic primal is solved by one conjugate-gradient run that stops at the duality gap itself
     quadratic = not shards.any(not constant_curvature(loss, Y, c_col))
     smoothing = Continuation(s0, factor=SMOOTHING_FACTOR)
