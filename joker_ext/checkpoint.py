@@ -11,9 +11,11 @@ Two kinds:
 * ``kind='solver'``: an engine's state during a fit (dual variables, operator state with the intercept, and for
   DBCD-TR the trust-region radii, iteration count and the block generator's state; for the intercept search of
   :mod:`joker_ext.intercept` its root search, best round and history under ``'search'``). Resuming DBCD-TR or
-  the intercept search continues the fit bitwise as if it had not stopped (same seed, same data, CPU); the
-  second-order engines go on from the saved iterate (their smoothing level, active sets and factorizations are
-  rebuilt from it), so they end at the same tolerance, not bitwise at the same point.
+  the intercept search continues the fit bitwise as if it had not stopped (same seed, same data, CPU), and so
+  does feature Newton with a kinked loss stopped during its interior start (the start, deterministic, runs again).
+  The second-order engines otherwise go on from the saved iterate (feature Newton also from its continuation's
+  smoothing level and centre, kept in one process's checkpoints; active sets, preconditioners and factorizations
+  are rebuilt), so they end at the same tolerance, not bitwise at the same point.
 * ``kind='estimator'``: a fitted :class:`~joker_ext.JokerRegressor` / :class:`~joker_ext.JokerClassifier`
   (its parameters, kernel description, feature-map seed, dual coefficients and training inputs).
 """

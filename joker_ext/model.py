@@ -121,8 +121,9 @@ def fit_dual(
         A solver checkpoint (``{'alpha', 'state', 'radius', 'iteration', 'rng_state'}`` or the path of a
         file written by :class:`joker_ext.checkpoint.SolverCheckpointer`): the fit continues from it. DBCD-TR and
         the intercept search end bitwise where an uninterrupted fit with the same data, options and seed would
-        (on CPU); the second-order engines go on from the saved iterate and intercept and end at the same
-        tolerance.
+        (on CPU); so does feature Newton with a kinked loss interrupted during its interior start (the start runs
+        again); elsewhere the second-order engines go on from the saved iterate and intercept (feature Newton also
+        from the saved smoothing level and centre of its continuation) and end at the same tolerance.
     max_memory : int or str, optional
         Memory budget ('2GB', bytes) of this process's device: block size and chunk rows (DBCD-TR) or the
         preconditioner's rank and the chunk rows (feature Newton with random features,

@@ -1106,12 +1106,38 @@ def _intercept_minimiser(loss: Loss, Y, c_col, F, b: torch.Tensor, shards: Singl
     return out
 
 
-def _newton_state(basis, beta: torch.Tensor, b: Optional[torch.Tensor]) -> dict:
-    """The engine's state: the weights in the external basis, and the intercept when one is fitted."""
+#: The keys of the engine's state that only checkpoints keep (for a resume; not the result's): the continuation's
+#: smoothing and centre, and the interior start's marker.
+CHECKPOINT_ONLY = ("continuation", "center", "interior_start")
+
+
+def _newton_state(basis, beta: torch.Tensor, b: Optional[torch.Tensor], continuation=None) -> dict:
+    """The engine's state: the weights in the external basis, the intercept when one is fitted, and with
+    ``continuation = (smoothing, s0, centre, warm_finish)`` the kinked losses' continuation (checkpoints resume it:
+    :func:`_resumed_continuation`)."""
     state = {"beta": basis.to_external(beta)}
     if b is not None:
         state["intercept"] = b.clone()
+    if continuation is not None:
+        smoothing, s0, center, warm_finish = continuation
+        state["continuation"] = torch.tensor([smoothing.value, s0, float(warm_finish)], dtype=beta.dtype,
+                                             device=beta.device)
+        state["center"] = center
     return state
+
+
+def _resumed_continuation(state0: Optional[dict], s0: float, shape) -> Optional[tuple]:
+    """``(smoothing, centre, warm_finish)`` of a checkpoint's continuation (:func:`_newton_state`), when it holds one
+    of this problem: the same starting smoothing ``s0 = sum c / n`` (so the same ``C`` and weights) and a centre of
+    this process's ``shape``; None otherwise (a checkpoint of another problem, or of a fit whose continuation had
+    not started: the continuation then starts over, centred at the checkpoint's dual point)."""
+    if not state0 or "continuation" not in state0 or "center" not in state0:
+        return None
+    value, saved_s0, warm_finish = (float(v) for v in state0["continuation"])
+    center = state0["center"]
+    if tuple(center.shape) != tuple(shape) or not math.isclose(saved_s0, s0, rel_tol=1e-12) or value <= 0:
+        return None
+    return value, center, bool(warm_finish)
 
 
 def fits_intercept(loss: Loss) -> bool:
@@ -1620,7 +1646,13 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
     # the smoothing term s (a - a_k)^2 / (2 c) is centred at the last smoothed problem's dual solution a_k (a
     # proximal point step on the dual): the primal loss is then evaluated at f - shift, shift = s a_k / c
     center, shift = None, None
-    if alpha0 is not None and smoothing.active:
+    # a checkpoint of this problem's continuation resumes it: its smoothing and centre (one process: the checkpoint
+    # holds rank 0's rows)
+    resumed = None if shards.distributed else _resumed_continuation(state0, s0, (n, T))
+    if resumed is not None:
+        smoothing.value, center = resumed[0], resumed[1].to(dtype=dtype, device=device)
+        shift = smoothing.value * center / c_col
+    elif alpha0 is not None and smoothing.active:
         # a warm start's dual point is the first centre: where it is the solution (a solve repeated at a nearby
         # problem, e.g. the intercept search's next round) the proximal steps stay there
         center = alpha0.to(dtype=dtype, device=device).reshape(n, T)
@@ -1664,13 +1696,19 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
         if quadratic and not intercept and callback is not None and opts.callback_cg_every else None
     reported = False  # the iterate was just handed to the callback by an inner report
     pending = None  # the gradient pass at the point the finishing step moved to
-    warm_finish = finishes and center is not None
+    warm_finish = finishes and (resumed[2] if resumed is not None else center is not None)
     best = _BestCertificate(opts.tol, dtype)
     unreported = False
     # the kinked losses from a cold start: the dual's interior point first (it ends at, or near, the solution in 10-20
     # iterations where the continuation takes 30-150; features not kept, each of its products is a pass), or, where
     # it does not start (the hinge loss, float32 features) or gave up, with the features kept, the working-set engine
     # on the features' linear kernel; the continuation goes on from there
+    if finishes and state0 is not None and "interior_start" in state0 and bool((c_col > 0).all()):
+        # a checkpoint written during the interior start: the start runs again from scratch. It is deterministic, so
+        # the resumed fit ends bitwise where the uninterrupted one does (continuing the smoothing from the checkpoint
+        # instead took 23 more iterations where the uninterrupted fit took 8)
+        state0, start_iter, center, shift = None, 0, None, None
+        beta = torch.zeros_like(beta)
     can_interior = finishes and state0 is None and bool((c_col > 0).all()) and opts.max_iter > start_iter
     start_reason = None
     with sigint_as_flag(opts.handle_sigint) as sig:
@@ -1695,7 +1733,8 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
             if interior:
                 def record(count, A, B, primal, dual):
                     nonlocal rec, alpha, state
-                    alpha, state = A.clone(), {"beta": basis.to_external(B.clone())}
+                    # (the marker tells a checkpoint's resume to run the start again; the result drops it)
+                    alpha, state = A.clone(), {"beta": basis.to_external(B.clone()), "interior_start": torch.ones(())}
                     rec = mon.record(start_iter + count - 1, float(primal.sum()), float(dual.sum()),
                                      float((primal + dual).sum()), state, alpha, smoothing=0.0, passes=passes.passes)
                     reason = mon.stop_reason(rec, state, alpha, sig.flag)
@@ -1721,7 +1760,11 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
                 g = D = Z = None  # the last iterate's n-vectors go before the pass allocates the next ones
                 g = pending if pending is not None else passes.gradient(beta, smoothing.value, shift, b)
                 pending = None
-                alpha, state = g["A"], _newton_state(basis, beta, b)
+                # (the continuation's smoothing and centre go into checkpoints, one process only: see _resumed_continuation)
+                continuation = (smoothing, s0, center, warm_finish) \
+                    if snapshot is not None and smoothing.active and center is not None and not shards.distributed \
+                    else None
+                alpha, state = g["A"], _newton_state(basis, beta, b, continuation)
                 gap = g["primal"] + g["dual"]
                 rel = gap / torch.maximum(g["primal"].abs(), g["dual"].abs()).clamp_min(torch.finfo(dtype).tiny)
                 extra = {} if inner is None else {"cg_iterations": inner.total}
@@ -1824,6 +1867,7 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
         unreported = True
     if unreported:  # the callback's last iterate is the one returned (a Falkon error_fn reports the final model)
         mon.report_inner(rec["iteration"], rec["primal"], rec["dual"], rec["gap"], state, alpha)
+    state = {k: v for k, v in state.items() if k not in CHECKPOINT_ONLY}
     res = SolverResult(alpha=alpha, state=state, n_iter=it, status=status, primal=rec["primal"], dual=rec["dual"],
                        gap=rec["gap"], rel_gap=rec["rel_gap"], radius=torch.ones(T, dtype=dtype, device=device),
                        history=mon.history, rng_state=None)
