@@ -517,6 +517,17 @@ def box_qp_inputs(engine: str, operator, Y: torch.Tensor, loss: Loss, c: torch.T
     return options or SolverOptions(), c_col, alpha
 
 
+def target_shift(loss: Loss, Y: torch.Tensor, intercept: bool) -> torch.Tensor:
+    """Per target column, the shift ``m`` (T,) that the box-QP engines take off the targets: their median where an
+    intercept absorbs it (``loss.residual``), else 0. The engines solve for ``y - m`` and report ``b + m``: the same
+    model, but the intercept the iterations handle is of the spread of the targets, not of their level (targets
+    around 1e4-1e5 left gaps of 1e-10 to 3e-7 in rounding noise that never met the default tolerance, 100
+    iterations to ``max_iter``)."""
+    if not intercept or not getattr(loss, "residual", False) or Y.shape[0] == 0:
+        return torch.zeros(Y.shape[1], dtype=Y.dtype, device=Y.device)
+    return Y.median(dim=0).values
+
+
 def _may_repeat(rows: torch.Tensor) -> bool:
     """Whether two rows may be equal: a hash of each row's bits (integer arithmetic, exact in any order) has a repeat.
     A sort of ``n`` integers instead of ``torch.unique``'s sort of whole rows (16 ms at n = 10,000, d = 9) where, as
@@ -614,13 +625,17 @@ def active_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: 
     opts, c_col, alpha = box_qp_inputs("active_set", operator, Y, loss, c, options, alpha0)
     n, T = Y.shape
     dtype, device = Y.dtype, Y.device
+    shift = target_shift(loss, Y, intercept)  # (solved for Y - shift; the intercept reported is b + shift)
+    Y = Y - shift
     b_all = start_intercept(state0 if intercept else None, T, dtype, device)
+    if intercept and state0 is not None and "intercept" in state0:  # a warm start's intercept, on the shifted targets
+        b_all -= shift
     mon = Monitor(opts, callback=callback, validation=validation, snapshot=snapshot, snapshot_every=snapshot_every,
                   dtype=dtype, expand=expand)
     generator = torch.Generator().manual_seed(int(opts.seed) if opts.seed is not None else 0)
     state = {"f": torch.zeros_like(alpha)}
     if intercept:
-        state["intercept"] = b_all
+        state["intercept"] = b_all + shift
     status, it, rec = "max_iter", start_iter, None
     with sigint_as_flag(opts.handle_sigint) as sig, scipy_blas_on_one_thread():
         try:
@@ -669,7 +684,7 @@ def active_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: 
                 return stall(rec, exact, alpha, lambda A: K @ A)
 
             reason, it, rec = outer_loop(mon, opts, loss, Y, F, alpha, b_all, c_col, it, state, sigma, columns,
-                                         solve_column, lambda: sig.flag, at_floor)
+                                         solve_column, lambda: sig.flag, at_floor, shift=shift)
             status = reason or "max_iter"
         except (RuntimeError, MemoryError) as exc:
             if not is_out_of_memory(exc):
@@ -679,27 +694,30 @@ def active_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: 
 
 
 def outer_loop(mon: Monitor, opts: SolverOptions, loss: Loss, Y, F, alpha, b, c, it: int, state: dict, sigma,
-               columns, solve_column, interrupted=lambda: False, stop=lambda rec: None):
+               columns, solve_column, interrupted=lambda: False, stop=lambda rec: None, shift=None):
     """The outer loop shared by the box-QP engines: certify ``(alpha, F = K alpha, b)``; then, until a stop,
     ``solve_column(t, columns[t])`` (which updates ``alpha``, ``F``, ``b`` and ``sigma`` in place) for every
     column whose relative gap is above ``opts.tol``, and certify again. ``stop(rec)``: an engine's own stopping
-    test after the monitor's (a reason such as 'converged' or 'stalled', else None). Returns ``(reason, it, rec)``."""
-    rec = _certify(mon, loss, Y, F, alpha, b, c, it, state, sigma)
+    test after the monitor's (a reason such as 'converged' or 'stalled', else None); ``shift``: the targets' shift
+    (:func:`target_shift`; ``Y`` is shifted, the intercepts recorded are ``b + shift``). Returns
+    ``(reason, it, rec)``."""
+    rec = _certify(mon, loss, Y, F, alpha, b, c, it, state, sigma, shift)
     reason = "converged" if rec["rel_gap"] <= opts.tol else None
     while reason is None and it < opts.max_iter:
         for t, col in enumerate(columns):
             if rec["column_rel_gap"][t] > opts.tol:
                 solve_column(t, col)
         it += 1
-        rec = _certify(mon, loss, Y, F, alpha, b, c, it, state, sigma)
+        rec = _certify(mon, loss, Y, F, alpha, b, c, it, state, sigma, shift)
         reason = mon.stop_reason(rec, state, alpha, interrupted())
         if reason is None:
             reason = stop(rec)
     return reason, it, rec
 
 
-def _certify(mon: Monitor, loss: Loss, Y, F, alpha, b, c, iteration: int, state: dict, sigma) -> dict:
-    """Record the duality gap of the original problem at ``(K alpha + b, alpha)`` (alpha is feasible)."""
+def _certify(mon: Monitor, loss: Loss, Y, F, alpha, b, c, iteration: int, state: dict, sigma, shift=None) -> dict:
+    """Record the duality gap of the original problem at ``(K alpha + b, alpha)`` (alpha is feasible; with the
+    targets ``Y`` shifted by ``shift``, the intercept recorded is ``b + shift``: the same gap)."""
     c_col = c.reshape(-1, 1)
     quad = (alpha * F).sum(0)
     pred = F + b
@@ -709,7 +727,7 @@ def _certify(mon: Monitor, loss: Loss, Y, F, alpha, b, c, iteration: int, state:
     rel = gap / torch.maximum(primal.abs(), dual.abs()).clamp_min(torch.finfo(F.dtype).tiny)
     state["f"] = F
     if "intercept" in state:
-        state["intercept"] = b
+        state["intercept"] = b if shift is None else b + shift
     return mon.record(iteration, float(primal.sum()), float(dual.sum()), float(gap.sum()), state, alpha,
                       column_rel_gap=rel.tolist(), proximal_weight=max(sigma))
 

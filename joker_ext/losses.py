@@ -79,13 +79,16 @@ class Loss:
     """A convex loss described by its conjugate (see the module docstring).
 
     Subclasses set ``name``, ``margin`` (True when labels must be -1/+1 and the loss depends on
-    ``y f``), ``quadratic`` (True when ``psi`` is a quadratic or linear function, so that the solver's
+    ``y f``), ``residual`` (True when the loss depends on ``y - f`` alone: ``psi`` and the box do not depend on
+    ``y``, so that shifting the targets by ``m`` shifts an unregularized intercept by ``m`` and changes nothing
+    else), ``quadratic`` (True when ``psi`` is a quadratic or linear function, so that the solver's
     quadratic model is exact), ``kink``, and implement :meth:`value`, :meth:`psi`, :meth:`psi_grad`,
     :meth:`psi_hess` and :meth:`box`.
     """
 
     name: str = "loss"
     margin: bool = False
+    residual: bool = False
     quadratic: bool = True
     kink: float = 0.0
 
@@ -202,6 +205,7 @@ class SquaredLoss(Loss):
     """``l = (y - f)^2 / 2``; ``g(a) = a^2/(2c) - a y``; kernel ridge regression."""
 
     name = "squared"
+    residual = True
 
     def value(self, y, f):
         return 0.5 * (y - f) ** 2
@@ -274,6 +278,7 @@ class AbsoluteLoss(_LinearConjugate):
     """``l = |y - f|`` (least absolute deviations); ``g(a) = -a y`` on ``[-c, c]``."""
 
     name = "absolute"
+    residual = True
 
     def value(self, y, f):
         return (y - f).abs()
@@ -312,6 +317,7 @@ class PinballLoss(_LinearConjugate):
     """Quantile loss ``max(tau r, (tau - 1) r)``, r = y - f; ``g(a) = -a y`` on ``[c(tau-1), c tau]``."""
 
     name = "pinball"
+    residual = True
 
     def __init__(self, quantile: float = 0.5):
         self.quantile = _check_param("quantile", quantile, low=0.0, low_open=True, high=1.0, high_open=True)
@@ -470,6 +476,7 @@ class ScaledLoss(Loss):
         self.scale = _check_param("scale", scale, low=0.0, low_open=True)
         self.name = f"{self.scale:g}*{base.name}"
         self.margin = base.margin
+        self.residual = base.residual
         self.quadratic = base.quadratic
         self.kink = base.kink
 
@@ -520,6 +527,7 @@ class InfimalConvolution(Loss):
         self.parts = (first, second)
         self.name = f"({first.name} [] {second.name})"
         self.margin = first.margin
+        self.residual = first.residual and second.residual
         self.quadratic = first.quadratic and second.quadratic
         self.kink = first.kink + second.kink
 

@@ -88,7 +88,7 @@ from typing import Optional
 import torch
 
 from .active_set import (FREE, MAX_INNER, SIGMA_FLOOR, SIGMA_START, GapStall, _Column, box_qp_inputs,
-                         merge_duplicate_rows, next_sigma, outer_loop, supports_active_set)
+                         merge_duplicate_rows, next_sigma, outer_loop, supports_active_set, target_shift)
 from .defaults import FILL_ELEMENTS, WORKING_SET_DTYPE
 from .dense import cholesky_shifted, scipy_blas_on_one_thread
 from .interior_point import solve_box_qp
@@ -433,9 +433,9 @@ class _KernelRows:
 
 
 def _decompose(src: _KernelRows, diagK, loss: Loss, Y, c_col, alpha, F, intercept: bool, q: int, mon: Monitor,
-               opts: SolverOptions, it: int, state: dict, interrupted=lambda: False):
-    """The outer loop of the decomposition from ``(alpha, F = K alpha)``, in place; returns ``(reason, it,
-    rec)``."""
+               opts: SolverOptions, it: int, state: dict, interrupted=lambda: False, shift=None):
+    """The outer loop of the decomposition from ``(alpha, F = K alpha)``, in place (``Y`` shifted by ``shift``:
+    :func:`~joker_ext.active_set.target_shift`); returns ``(reason, it, rec)``."""
     T = Y.shape[1]
     dtype, device = Y.dtype, Y.device
     columns = [_Column(None, diagK, loss.column(t), Y[:, t], c_col, intercept) for t in range(T)]
@@ -450,6 +450,9 @@ def _decompose(src: _KernelRows, diagK, loss: Loss, Y, c_col, alpha, F, intercep
     b_all = torch.zeros(T, dtype=dtype, device=device)
     if intercept:
         b_all = torch.tensor([_best_intercept(bounds[t], 0.0) for t in range(T)], dtype=dtype, device=device)
+        # the first subproblems predict their sets at this intercept (from 0, targets far from zero, e.g. around
+        # 1,000, sent every coordinate to the same bound: the sets never balanced and alpha stayed at zero)
+        b_sub = [float(v) for v in b_all]
 
     def solve_column(t: int, col: _Column) -> None:
         a = alpha[:, t]
@@ -513,7 +516,7 @@ def _decompose(src: _KernelRows, diagK, loss: Loss, Y, c_col, alpha, F, intercep
         return stall(rec, all(exact[t] for t in still_open), alpha, src.matmul)
 
     return outer_loop(mon, opts, loss, Y, F, alpha, b_all, c_col, it, state, sigma, columns, solve_column, interrupted,
-                      at_floor)
+                      at_floor, shift)
 
 
 def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: Optional[SolverOptions] = None,
@@ -554,6 +557,8 @@ def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options:
     opts, c_col, alpha = box_qp_inputs("working_set", operator, Y, loss, c, options, alpha0)
     n, T = Y.shape
     dtype, device = Y.dtype, Y.device
+    shift = target_shift(loss, Y, intercept)  # (solved for Y - shift; the intercept reported is b + shift)
+    Y = Y - shift
     if intercept:  # a start off the hyperplane sum a = 0 is not feasible: those columns start from zero
         alpha[:, alpha.sum(0).abs() > 1e-12 * alpha.abs().sum(0).clamp_min(1.0)] = 0.0
     q = max(2, min(int(default_size(loss) if working_set_size is None else working_set_size), n))
@@ -572,7 +577,7 @@ def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options:
             diagK = operator.kernel.diag(cache.X)
             F = src.matmul(alpha)
             reason, it, rec = _decompose(src, diagK, loss, Y, c_col, alpha, F, intercept, q, mon, opts, it, state,
-                                         lambda: sig.flag)
+                                         lambda: sig.flag, shift)
             status = reason or "max_iter"
         except (RuntimeError, MemoryError) as exc:
             if not is_out_of_memory(exc):

@@ -639,3 +639,46 @@ def test_newton_on_random_features_with_an_intercept_search_has_the_budget_to_co
     prob = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(beta) + 10.0 * cp.sum(hinge)))
     prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
     assert m.primal_objective_ == pytest.approx(prob.value, rel=1e-7)
+
+
+@pytest.mark.parametrize("offset", [1000.0, -1e5])
+def test_svr_with_targets_far_from_zero_reaches_libsvm(offset):
+    """Targets around 1,000 or -100,000 (raw prices, temperatures in kelvin): the default fit with an intercept
+    reaches LIBSVM's optimum. At 1,000 the working set's first subproblems predicted their sets at b = 0, every
+    coordinate went to one bound, no set balanced and alpha stayed at zero for all 120 iterations (status
+    'max_iter', relative gap 1.0); at -100,000 the gap's rounding noise at the intercept's level kept it above
+    the default tolerance for 100 iterations ('max_iter')."""
+    from sklearn.datasets import make_friedman1
+
+    X, y = make_friedman1(n_samples=600, noise=1.0, random_state=0)
+    y = y + offset
+    C, eps = 100.0, 0.1
+    m = JokerRegressor(loss="epsilon_insensitive", C=C, epsilon=eps, fit_intercept=True).fit(X, y)
+    assert m.status_ == "converged"
+    svr = SVR(C=C, gamma=m.gamma_, epsilon=eps, tol=1e-8).fit(X, y)
+    K = rbf_kernel(X, gamma=m.gamma_)
+    a_ref = np.zeros(len(y))
+    a_ref[svr.support_] = svr.dual_coef_[0]
+    a = m.dual_coef_[:, 0] if m.dual_coef_.ndim == 2 else m.dual_coef_
+
+    def primal(a, f):
+        return 0.5 * a @ K @ a + C * np.maximum(0.0, np.abs(y - f) - eps).sum()
+
+    assert primal(a, m.predict(X)) <= primal(a_ref, svr.predict(X)) * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("loss", ["squared", "huber", "absolute", "pinball", "epsilon_insensitive"])
+@pytest.mark.parametrize("n_features", [None, 100])
+def test_targets_far_from_zero_shift_the_intercept_and_nothing_else(loss, n_features):
+    """With an intercept, adding 10^4 to the targets of a loss of ``y - f`` adds 10^4 to the predictions (a property
+    of the problem): the default fit converges either way, to the same model. At 10^4 the exact engines ran to
+    max_iter on rounding noise and the intercept search took five times the iterations."""
+    from sklearn.datasets import make_friedman1
+
+    X, y = make_friedman1(n_samples=300, noise=1.0, random_state=1)
+    kw = dict(loss=loss, C=10.0, fit_intercept=True, n_features=n_features, random_state=0)
+    near = JokerRegressor(**kw).fit(X, y)
+    far = JokerRegressor(**kw).fit(X, y + 1e4)
+    assert near.status_ == far.status_ == "converged"
+    np.testing.assert_allclose(far.predict(X) - 1e4, near.predict(X), rtol=0, atol=1e-7 * np.abs(y).max())
+    assert far.n_iter_ <= 2 * near.n_iter_ + 2

@@ -83,6 +83,28 @@ def test_fenchel_young_is_nonnegative_and_tight(name):
         np.testing.assert_allclose(loss.fenchel_young(Y, F, astar, C).numpy(), 0.0, atol=1e-12)
 
 
+@pytest.mark.parametrize("name", BUILTIN)
+def test_residual_losses_depend_on_y_minus_f_alone(name):
+    """``loss.residual`` (the engines then take the targets' level off, into the intercept) holds exactly for the
+    losses of ``y - f``: shifting ``y`` and ``f`` together changes neither the loss nor ``psi`` nor the box; the margin
+    losses are not residual (their values change under such a shift)."""
+    loss = get_loss(name, **PARAMS)
+    y, c, a = sample(loss)
+    f = np.random.default_rng(1).standard_normal(len(y))
+    m = 123.25
+    moved = not torch.allclose(loss.value(t(y + m), t(f + m)), loss.value(t(y), t(f)))
+    assert loss.residual == (name in ("squared", "huber", "epsilon_insensitive", "absolute", "pinball"))
+    if loss.residual:
+        assert not moved
+        torch.testing.assert_close(loss.psi(t(a), t(y + m), t(c)), loss.psi(t(a), t(y), t(c)))
+        for side, side_m in zip(loss.box(t(y), t(c)), loss.box(t(y + m), t(c))):
+            assert torch.equal(side, side_m)
+    else:
+        assert moved
+    assert scaled(loss, 2.0).residual == loss.residual
+    assert infimal_convolution(get_loss("squared"), get_loss("absolute")).residual
+
+
 def test_huber_by_infimal_convolution_equals_builtin():
     delta = 0.7
     composed = infimal_convolution(get_loss("squared"), scaled(get_loss("absolute"), delta))
