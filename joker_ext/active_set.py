@@ -163,6 +163,8 @@ def next_sigma(sigma: float, steps: Optional[int], floor: float) -> float:
     return sigma
 
 FREE, LOWER, UPPER, ZERO = 0, 1, 2, 3
+#: ``sum a`` meets its target when within this many units of rounding of ``sum |a|`` (or 1e-10 of it, the larger).
+BALANCE_ROUNDING = 1000.0
 
 
 def supports_active_set(loss: Loss) -> bool:
@@ -377,8 +379,11 @@ class _Column:
                 torch.where(moved, 0.0, new_value))
 
     def _balanced(self, a) -> bool:
-        """``sum a == total`` up to rounding."""
-        return abs(float(a.sum()) - self.total) <= 1e-10 * max(1.0, float(a.abs().sum()))
+        """``sum a == total`` up to the rounding of ``a``'s dtype (1e-10 relative in float64; in float32 a sum of
+        a few hundred terms is good to 1e-5 at best: a fixed 1e-10 rejected every float32 round with an intercept, and
+        the fit never moved from its start)."""
+        tol = max(1e-10, BALANCE_ROUNDING * torch.finfo(a.dtype).eps)
+        return abs(float(a.sum()) - self.total) <= tol * max(1.0, float(a.abs().sum()))
 
     @staticmethod
     def _damped(changed, code, sgn, value, new_code, new_sgn, new_value, a, keep: int):
