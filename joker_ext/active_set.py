@@ -49,7 +49,7 @@ import torch
 
 from .defaults import CONVERGENCE_WARN_GAP
 from .dense import cholesky_shifted, scipy_blas_on_one_thread
-from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag, start_intercept
+from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag, start_intercept, target_level
 from .free_factor import FreeFactor
 from .losses import Loss
 from .memory import is_out_of_memory
@@ -522,17 +522,6 @@ def box_qp_inputs(engine: str, operator, Y: torch.Tensor, loss: Loss, c: torch.T
     return options or SolverOptions(), c_col, alpha
 
 
-def target_shift(loss: Loss, Y: torch.Tensor, intercept: bool) -> torch.Tensor:
-    """Per target column, the shift ``m`` (T,) that the box-QP engines take off the targets: their median where an
-    intercept absorbs it (``loss.residual``), else 0. The engines solve for ``y - m`` and report ``b + m``: the same
-    model, but the intercept the iterations handle is of the spread of the targets, not of their level (targets
-    around 1e4-1e5 left gaps of 1e-10 to 3e-7 in rounding noise that never met the default tolerance, 100
-    iterations to ``max_iter``)."""
-    if not intercept or not getattr(loss, "residual", False) or Y.shape[0] == 0:
-        return torch.zeros(Y.shape[1], dtype=Y.dtype, device=Y.device)
-    return Y.median(dim=0).values
-
-
 def _may_repeat(rows: torch.Tensor) -> bool:
     """Whether two rows may be equal: a hash of each row's bits (integer arithmetic, exact in any order) has a repeat.
     A sort of ``n`` integers instead of ``torch.unique``'s sort of whole rows (16 ms at n = 10,000, d = 9) where, as
@@ -630,7 +619,7 @@ def active_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: 
     opts, c_col, alpha = box_qp_inputs("active_set", operator, Y, loss, c, options, alpha0)
     n, T = Y.shape
     dtype, device = Y.dtype, Y.device
-    shift = target_shift(loss, Y, intercept)  # (solved for Y - shift; the intercept reported is b + shift)
+    shift = target_level(loss, Y, intercept)  # (solved for Y - shift; the intercept reported is b + shift)
     Y = Y - shift
     b_all = start_intercept(state0 if intercept else None, T, dtype, device)
     if intercept and state0 is not None and "intercept" in state0:  # a warm start's intercept, on the shifted targets
@@ -703,8 +692,8 @@ def outer_loop(mon: Monitor, opts: SolverOptions, loss: Loss, Y, F, alpha, b, c,
     """The outer loop shared by the box-QP engines: certify ``(alpha, F = K alpha, b)``; then, until a stop,
     ``solve_column(t, columns[t])`` (which updates ``alpha``, ``F``, ``b`` and ``sigma`` in place) for every
     column whose relative gap is above ``opts.tol``, and certify again. ``stop(rec)``: an engine's own stopping
-    test after the monitor's (a reason such as 'converged' or 'stalled', else None); ``shift``: the targets' shift
-    (:func:`target_shift`; ``Y`` is shifted, the intercepts recorded are ``b + shift``). Returns
+    test after the monitor's (a reason such as 'converged' or 'stalled', else None); ``shift``: the targets' level
+    (:func:`~joker_ext.engines.target_level`; ``Y`` is shifted, the intercepts recorded are ``b + shift``). Returns
     ``(reason, it, rec)``."""
     rec = _certify(mon, loss, Y, F, alpha, b, c, it, state, sigma, shift)
     reason = "converged" if rec["rel_gap"] <= opts.tol else None

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from .distributed import SingleProcess
-from .engines import at_rounding_floor
+from .engines import at_rounding_floor, target_level
 from .features import ConcatFeatureMap, FeatureMap
 from .kernels import Kernel, SumKernel
 from .losses import Loss
@@ -267,18 +267,6 @@ def _augmentation_scale(kernel: Kernel, data, shards: SingleProcess) -> float:
     return float(shards.broadcast_(torch.tensor([rho], dtype=torch.float64)))
 
 
-def _first_intercepts(loss: Loss, Y: torch.Tensor, shards) -> np.ndarray:
-    """The search's first intercepts (T,): the targets' mean per column over every process's rows where the loss
-    depends on ``y - f`` alone (``loss.residual``: the intercept is of the targets' level), else zeros. From zero,
-    targets around 1e4 took the search five times the solver iterations (absolute loss, random features)."""
-    T = Y.shape[1]
-    if not getattr(loss, "residual", False):
-        return np.zeros(T)
-    total, count = shards.sum_many(Y.sum(0).double(), torch.tensor([float(Y.shape[0])], dtype=torch.float64,
-                                                                    device=Y.device))
-    return (total / count.clamp_min(1.0)).cpu().numpy()
-
-
 def fit_intercept_search(data, Y: torch.Tensor, *, loss: Loss, c: torch.Tensor, kernel: Kernel,
                          feature_map: Optional[FeatureMap], options: SolverOptions, dtype: torch.dtype,
                          device: torch.device, solve: Callable[..., SolverResult],
@@ -357,7 +345,9 @@ def fit_intercept_search(data, Y: torch.Tensor, *, loss: Loss, c: torch.Tensor, 
     cd = c.to(device=device, dtype=dtype).reshape(-1, 1)
     b0 = None if intercept0 is None else np.asarray(
         intercept0.detach().cpu() if torch.is_tensor(intercept0) else intercept0, dtype=np.float64).reshape(T)
-    search = RootSearch(_first_intercepts(loss, Yd, shards) if b0 is None else b0, rho)
+    # (losses of y - f: from the targets' mean, not 0; from 0, targets around 1e4 took five times the iterations)
+    first = target_level(loss, Yd, True, shards).double().cpu().numpy() if b0 is None else b0
+    search = RootSearch(first, rho)
     alpha = alpha0
     total, rounds = 0, 0
     history = []

@@ -113,7 +113,7 @@ from .data import BlockData
 from .dense import cholesky_ex, cholesky_shifted, cholesky_solve
 from .distributed import SingleProcess, local_positions
 from .intercept import feasible_scales
-from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag, start_intercept
+from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag, start_intercept, target_level
 from .engines import default_max_iter as engine_max_iter
 from .feature_interior import (ABANDON_GAP, ABANDON_PATIENCE, ABANDON_RISE, DIVERGED, FINISH_FROM, ColumnSolve,
                                FeatureGram, worth_starting, zero_inside)
@@ -1622,6 +1622,8 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
     loss.check_targets(Y)
     M = operator.feature_map.n_features
     shards = shards or SingleProcess()
+    level = target_level(loss, Y, intercept, shards)  # (solved for Y - level; the intercept reported is b + level)
+    Y = Y - level
     passes = _Passes(operator, Y, loss, c_col, shards, resident=opts.newton_resident, cache=opts.newton_cache)
     basis = passes.basis
     if state0 is not None and "beta" in state0:
@@ -1640,6 +1642,8 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
     else:
         s0 = 0.0
     b = start_intercept(state0, T, dtype, device) if intercept else None  # (a warm start's or checkpoint's)
+    if intercept and state0 is not None and "intercept" in state0:
+        b -= level
     # a quadratic primal is solved by one conjugate-gradient run that stops at the duality gap itself
     quadratic = not shards.any(not constant_curvature(loss, Y, c_col))
     smoothing = Continuation(s0, factor=SMOOTHING_FACTOR)
@@ -1689,7 +1693,7 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
     mon = Monitor(opts, callback=callback, validation=validation, snapshot=snapshot, snapshot_every=snapshot_every,
                   dtype=dtype)
     status, it, rec, alpha = "max_iter", start_iter, None, torch.zeros(n, T, dtype=dtype, device=device)
-    state = _newton_state(basis, beta, b)
+    state = _newton_state(basis, beta, None if b is None else b + level)
     precond, precond_w = None, None
     # the quadratic path's CG iterates go to the callback too, when asked (and counted in every record)
     inner = _InnerReports(opts.callback_cg_every, mon, basis, shards, passes) \
@@ -1764,7 +1768,7 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
                 continuation = (smoothing, s0, center, warm_finish) \
                     if snapshot is not None and smoothing.active and center is not None and not shards.distributed \
                     else None
-                alpha, state = g["A"], _newton_state(basis, beta, b, continuation)
+                alpha, state = g["A"], _newton_state(basis, beta, None if b is None else b + level, continuation)
                 gap = g["primal"] + g["dual"]
                 rel = gap / torch.maximum(g["primal"].abs(), g["dual"].abs()).clamp_min(torch.finfo(dtype).tiny)
                 extra = {} if inner is None else {"cg_iterations": inner.total}

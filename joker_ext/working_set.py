@@ -88,12 +88,13 @@ from typing import Optional
 import torch
 
 from .active_set import (FREE, MAX_INNER, SIGMA_FLOOR, SIGMA_START, GapStall, _Column, box_qp_inputs,
-                         merge_duplicate_rows, next_sigma, outer_loop, supports_active_set, target_shift)
+                         merge_duplicate_rows, next_sigma, outer_loop, supports_active_set)
 from .defaults import FILL_ELEMENTS, WORKING_SET_DTYPE
 from .dense import cholesky_shifted, scipy_blas_on_one_thread
 from .interior_point import solve_box_qp
 from .free_factor import FreeFactor
-from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag, working_set_size as default_size
+from .engines import (Monitor, at_rounding_floor, register_solver, sigint_as_flag, target_level,
+                      working_set_size as default_size)
 from .losses import Loss
 from .memory import is_out_of_memory, working_set_cache_rows
 from .solver import SolverOptions, SolverResult
@@ -435,7 +436,7 @@ class _KernelRows:
 def _decompose(src: _KernelRows, diagK, loss: Loss, Y, c_col, alpha, F, intercept: bool, q: int, mon: Monitor,
                opts: SolverOptions, it: int, state: dict, interrupted=lambda: False, shift=None):
     """The outer loop of the decomposition from ``(alpha, F = K alpha)``, in place (``Y`` shifted by ``shift``:
-    :func:`~joker_ext.active_set.target_shift`); returns ``(reason, it, rec)``."""
+    :func:`~joker_ext.engines.target_level`); returns ``(reason, it, rec)``."""
     T = Y.shape[1]
     dtype, device = Y.dtype, Y.device
     columns = [_Column(None, diagK, loss.column(t), Y[:, t], c_col, intercept) for t in range(T)]
@@ -557,7 +558,7 @@ def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options:
     opts, c_col, alpha = box_qp_inputs("working_set", operator, Y, loss, c, options, alpha0)
     n, T = Y.shape
     dtype, device = Y.dtype, Y.device
-    shift = target_shift(loss, Y, intercept)  # (solved for Y - shift; the intercept reported is b + shift)
+    shift = target_level(loss, Y, intercept)  # (solved for Y - shift; the intercept reported is b + shift)
     Y = Y - shift
     if intercept:  # a start off the hyperplane sum a = 0 is not feasible: those columns start from zero
         alpha[:, alpha.sum(0).abs() > 1e-12 * alpha.abs().sum(0).clamp_min(1.0)] = 0.0

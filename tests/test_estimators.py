@@ -682,3 +682,14 @@ def test_targets_far_from_zero_shift_the_intercept_and_nothing_else(loss, n_feat
     assert near.status_ == far.status_ == "converged"
     np.testing.assert_allclose(far.predict(X) - 1e4, near.predict(X), rtol=0, atol=1e-7 * np.abs(y).max())
     assert far.n_iter_ <= 2 * near.n_iter_ + 2
+
+
+@pytest.mark.parametrize("loss", ["squared", "huber", "absolute"])
+@pytest.mark.parametrize("n_features", [None, 64])
+def test_constant_targets_with_intercept_are_the_intercept(loss, n_features):
+    """Constant targets: the optimum is f = 0 and b = the constant (primal and dual both 0). Feature Newton's relative
+    gap there was 0/0-like rounding (1.4, 1.0, ...) and it ran its 100 iterations to 'max_iter' (squared)."""
+    X = np.random.default_rng(0).standard_normal((200, 4))
+    m = JokerRegressor(loss=loss, C=10.0, fit_intercept=True, n_features=n_features, random_state=0).fit(X, np.full(200, 3.0))
+    assert m.status_ == "converged" and m.n_iter_ <= 2
+    np.testing.assert_allclose(m.predict(X), 3.0, rtol=0, atol=1e-9)
