@@ -1711,7 +1711,7 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
         # a checkpoint written during the interior start: the start runs again from scratch. It is deterministic, so
         # the resumed fit ends bitwise where the uninterrupted one does (continuing the smoothing from the checkpoint
         # instead took 23 more iterations where the uninterrupted fit took 8)
-        state0, start_iter, center, shift = None, 0, None, None
+        state0, start_iter, center, shift, warm_finish = None, 0, None, None, False
         beta = torch.zeros_like(beta)
     can_interior = finishes and state0 is None and bool((c_col > 0).all()) and opts.max_iter > start_iter
     start_reason = None
@@ -1764,7 +1764,7 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
                 g = D = Z = None  # the last iterate's n-vectors go before the pass allocates the next ones
                 g = pending if pending is not None else passes.gradient(beta, smoothing.value, shift, b)
                 pending = None
-                # (the continuation's smoothing and centre go into checkpoints, one process only: see _resumed_continuation)
+                # (checkpoints of one process also keep the continuation's smoothing and centre: _resumed_continuation)
                 continuation = (smoothing, s0, center, warm_finish) \
                     if snapshot is not None and smoothing.active and center is not None and not shards.distributed \
                     else None

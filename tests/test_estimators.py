@@ -690,6 +690,7 @@ def test_constant_targets_with_intercept_are_the_intercept(loss, n_features):
     """Constant targets: the optimum is f = 0 and b = the constant (primal and dual both 0). Feature Newton's relative
     gap there was 0/0-like rounding (1.4, 1.0, ...) and it ran its 100 iterations to 'max_iter' (squared)."""
     X = np.random.default_rng(0).standard_normal((200, 4))
-    m = JokerRegressor(loss=loss, C=10.0, fit_intercept=True, n_features=n_features, random_state=0).fit(X, np.full(200, 3.0))
+    est = JokerRegressor(loss=loss, C=10.0, fit_intercept=True, n_features=n_features, random_state=0)
+    m = est.fit(X, np.full(200, 3.0))
     assert m.status_ == "converged" and m.n_iter_ <= 2
     np.testing.assert_allclose(m.predict(X), 3.0, rtol=0, atol=1e-9)
