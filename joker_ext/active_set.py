@@ -619,17 +619,15 @@ def active_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: 
     opts, c_col, alpha = box_qp_inputs("active_set", operator, Y, loss, c, options, alpha0)
     n, T = Y.shape
     dtype, device = Y.dtype, Y.device
-    shift = target_level(loss, Y, intercept)  # (solved for Y - shift; the intercept reported is b + shift)
-    Y = Y - shift
-    b_all = start_intercept(state0 if intercept else None, T, dtype, device)
-    if intercept and state0 is not None and "intercept" in state0:  # a warm start's intercept, on the shifted targets
-        b_all -= shift
+    level = target_level(loss, Y, intercept)  # (solved for Y - level; the intercept reported is b + level)
+    Y = Y - level
+    b_all = start_intercept(state0 if intercept else None, T, dtype, device, level)
     mon = Monitor(opts, callback=callback, validation=validation, snapshot=snapshot, snapshot_every=snapshot_every,
                   dtype=dtype, expand=expand)
     generator = torch.Generator().manual_seed(int(opts.seed) if opts.seed is not None else 0)
     state = {"f": torch.zeros_like(alpha)}
     if intercept:
-        state["intercept"] = b_all + shift
+        state["intercept"] = b_all + level
     status, it, rec = "max_iter", start_iter, None
     with sigint_as_flag(opts.handle_sigint) as sig, scipy_blas_on_one_thread():
         try:
@@ -678,7 +676,7 @@ def active_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: 
                 return stall(rec, exact, alpha, lambda A: K @ A)
 
             reason, it, rec = outer_loop(mon, opts, loss, Y, F, alpha, b_all, c_col, it, state, sigma, columns,
-                                         solve_column, lambda: sig.flag, at_floor, shift=shift)
+                                         solve_column, lambda: sig.flag, at_floor, level=level)
             status = reason or "max_iter"
         except (RuntimeError, MemoryError) as exc:
             if not is_out_of_memory(exc):
@@ -688,30 +686,30 @@ def active_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: 
 
 
 def outer_loop(mon: Monitor, opts: SolverOptions, loss: Loss, Y, F, alpha, b, c, it: int, state: dict, sigma,
-               columns, solve_column, interrupted=lambda: False, stop=lambda rec: None, shift=None):
+               columns, solve_column, interrupted=lambda: False, stop=lambda rec: None, level=None):
     """The outer loop shared by the box-QP engines: certify ``(alpha, F = K alpha, b)``; then, until a stop,
     ``solve_column(t, columns[t])`` (which updates ``alpha``, ``F``, ``b`` and ``sigma`` in place) for every
     column whose relative gap is above ``opts.tol``, and certify again. ``stop(rec)``: an engine's own stopping
-    test after the monitor's (a reason such as 'converged' or 'stalled', else None); ``shift``: the targets' level
-    (:func:`~joker_ext.engines.target_level`; ``Y`` is shifted, the intercepts recorded are ``b + shift``). Returns
+    test after the monitor's (a reason such as 'converged' or 'stalled', else None); ``level``: the targets' level
+    (:func:`~joker_ext.engines.target_level`; ``Y`` is less it, the intercepts recorded are ``b + level``). Returns
     ``(reason, it, rec)``."""
-    rec = _certify(mon, loss, Y, F, alpha, b, c, it, state, sigma, shift)
+    rec = _certify(mon, loss, Y, F, alpha, b, c, it, state, sigma, level)
     reason = "converged" if rec["rel_gap"] <= opts.tol else None
     while reason is None and it < opts.max_iter:
         for t, col in enumerate(columns):
             if rec["column_rel_gap"][t] > opts.tol:
                 solve_column(t, col)
         it += 1
-        rec = _certify(mon, loss, Y, F, alpha, b, c, it, state, sigma, shift)
+        rec = _certify(mon, loss, Y, F, alpha, b, c, it, state, sigma, level)
         reason = mon.stop_reason(rec, state, alpha, interrupted())
         if reason is None:
             reason = stop(rec)
     return reason, it, rec
 
 
-def _certify(mon: Monitor, loss: Loss, Y, F, alpha, b, c, iteration: int, state: dict, sigma, shift=None) -> dict:
+def _certify(mon: Monitor, loss: Loss, Y, F, alpha, b, c, iteration: int, state: dict, sigma, level=None) -> dict:
     """Record the duality gap of the original problem at ``(K alpha + b, alpha)`` (alpha is feasible; with the
-    targets ``Y`` shifted by ``shift``, the intercept recorded is ``b + shift``: the same gap)."""
+    targets ``Y`` less ``level``, the intercept recorded is ``b + level``: the same gap)."""
     c_col = c.reshape(-1, 1)
     quad = (alpha * F).sum(0)
     pred = F + b
@@ -721,7 +719,7 @@ def _certify(mon: Monitor, loss: Loss, Y, F, alpha, b, c, iteration: int, state:
     rel = gap / torch.maximum(primal.abs(), dual.abs()).clamp_min(torch.finfo(F.dtype).tiny)
     state["f"] = F
     if "intercept" in state:
-        state["intercept"] = b if shift is None else b + shift
+        state["intercept"] = b if level is None else b + level
     return mon.record(iteration, float(primal.sum()), float(dual.sum()), float(gap.sum()), state, alpha,
                       column_rel_gap=rel.tolist(), proximal_weight=max(sigma))
 

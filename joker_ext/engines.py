@@ -210,12 +210,15 @@ def needs_smoothing_loss(loss) -> bool:
     return needs_smoothing(loss, y, torch.ones(1, dtype=torch.float64))
 
 
-def start_intercept(state0: Optional[dict], T: int, dtype: torch.dtype, device) -> torch.Tensor:
+def start_intercept(state0: Optional[dict], T: int, dtype: torch.dtype, device,
+                    level: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The intercepts (T,) an engine that fits them starts from: ``state0['intercept']`` (a warm start's or a
-    checkpoint's) where given, else zeros."""
+    checkpoint's) where given, else zeros; for targets less ``level`` (:func:`target_level`), a given intercept less
+    ``level``."""
     if state0 is None or "intercept" not in state0:
         return torch.zeros(T, dtype=dtype, device=device)
-    return torch.as_tensor(state0["intercept"], dtype=dtype, device=device).reshape(T).clone()
+    b = torch.as_tensor(state0["intercept"], dtype=dtype, device=device).reshape(T).clone()
+    return b if level is None else b - level
 
 
 def target_level(loss, Y: torch.Tensor, intercept: bool, shards=None) -> torch.Tensor:

@@ -1111,13 +1111,14 @@ def _intercept_minimiser(loss: Loss, Y, c_col, F, b: torch.Tensor, shards: Singl
 CHECKPOINT_ONLY = ("continuation", "center", "interior_start")
 
 
-def _newton_state(basis, beta: torch.Tensor, b: Optional[torch.Tensor], continuation=None) -> dict:
-    """The engine's state: the weights in the external basis, the intercept when one is fitted, and with
-    ``continuation = (smoothing, s0, centre, warm_finish)`` the kinked losses' continuation (checkpoints resume it:
-    :func:`_resumed_continuation`)."""
+def _newton_state(basis, beta: torch.Tensor, b: Optional[torch.Tensor], level: torch.Tensor,
+                  continuation=None) -> dict:
+    """The engine's state: the weights in the external basis, the intercept ``b + level`` when one is fitted (``b``
+    that of the targets less ``level``), and with ``continuation = (smoothing, s0, centre, warm_finish)`` the kinked
+    losses' continuation (checkpoints resume it: :func:`_resumed_continuation`)."""
     state = {"beta": basis.to_external(beta)}
     if b is not None:
-        state["intercept"] = b.clone()
+        state["intercept"] = b + level
     if continuation is not None:
         smoothing, s0, center, warm_finish = continuation
         state["continuation"] = torch.tensor([smoothing.value, s0, float(warm_finish)], dtype=beta.dtype,
@@ -1641,9 +1642,7 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
         s0 = float(c_sum) / passes.n_total
     else:
         s0 = 0.0
-    b = start_intercept(state0, T, dtype, device) if intercept else None  # (a warm start's or checkpoint's)
-    if intercept and state0 is not None and "intercept" in state0:
-        b -= level
+    b = start_intercept(state0, T, dtype, device, level) if intercept else None  # (a warm start's or checkpoint's)
     # a quadratic primal is solved by one conjugate-gradient run that stops at the duality gap itself
     quadratic = not shards.any(not constant_curvature(loss, Y, c_col))
     smoothing = Continuation(s0, factor=SMOOTHING_FACTOR)
@@ -1693,7 +1692,7 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
     mon = Monitor(opts, callback=callback, validation=validation, snapshot=snapshot, snapshot_every=snapshot_every,
                   dtype=dtype)
     status, it, rec, alpha = "max_iter", start_iter, None, torch.zeros(n, T, dtype=dtype, device=device)
-    state = _newton_state(basis, beta, None if b is None else b + level)
+    state = _newton_state(basis, beta, b, level)
     precond, precond_w = None, None
     # the quadratic path's CG iterates go to the callback too, when asked (and counted in every record)
     inner = _InnerReports(opts.callback_cg_every, mon, basis, shards, passes) \
@@ -1768,7 +1767,7 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
                 continuation = (smoothing, s0, center, warm_finish) \
                     if snapshot is not None and smoothing.active and center is not None and not shards.distributed \
                     else None
-                alpha, state = g["A"], _newton_state(basis, beta, None if b is None else b + level, continuation)
+                alpha, state = g["A"], _newton_state(basis, beta, b, level, continuation)
                 gap = g["primal"] + g["dual"]
                 rel = gap / torch.maximum(g["primal"].abs(), g["dual"].abs()).clamp_min(torch.finfo(dtype).tiny)
                 extra = {} if inner is None else {"cg_iterations": inner.total}

@@ -434,8 +434,8 @@ class _KernelRows:
 
 
 def _decompose(src: _KernelRows, diagK, loss: Loss, Y, c_col, alpha, F, intercept: bool, q: int, mon: Monitor,
-               opts: SolverOptions, it: int, state: dict, interrupted=lambda: False, shift=None):
-    """The outer loop of the decomposition from ``(alpha, F = K alpha)``, in place (``Y`` shifted by ``shift``:
+               opts: SolverOptions, it: int, state: dict, interrupted=lambda: False, level=None):
+    """The outer loop of the decomposition from ``(alpha, F = K alpha)``, in place (``Y`` less ``level``:
     :func:`~joker_ext.engines.target_level`); returns ``(reason, it, rec)``."""
     T = Y.shape[1]
     dtype, device = Y.dtype, Y.device
@@ -443,7 +443,6 @@ def _decompose(src: _KernelRows, diagK, loss: Loss, Y, c_col, alpha, F, intercep
     scale = columns[0].scale
     sigma = [SIGMA_START * scale] * T
     floor = [SIGMA_FLOOR * scale] * T
-    b_sub = [0.0] * T
     cap, cuts = [MAX_SET_FACTOR * q] * T, [0] * T
     # each column's intercept intervals at its current point (the next working set and b come from them)
     bounds = [col.intercept_bounds(alpha[:, t], F[:, t] + col.h * alpha[:, t] - col.lin)
@@ -451,9 +450,9 @@ def _decompose(src: _KernelRows, diagK, loss: Loss, Y, c_col, alpha, F, intercep
     b_all = torch.zeros(T, dtype=dtype, device=device)
     if intercept:
         b_all = torch.tensor([_best_intercept(bounds[t], 0.0) for t in range(T)], dtype=dtype, device=device)
-        # the first subproblems predict their sets at this intercept (from 0, targets far from zero, e.g. around
-        # 1,000, sent every coordinate to the same bound: the sets never balanced and alpha stayed at zero)
-        b_sub = [float(v) for v in b_all]
+    # the first subproblems predict their sets at this intercept (from 0, targets far from zero, e.g. around 1,000,
+    # sent every coordinate to the same bound: the sets never balanced and alpha stayed at zero)
+    b_sub = b_all.tolist()
 
     def solve_column(t: int, col: _Column) -> None:
         a = alpha[:, t]
@@ -517,7 +516,7 @@ def _decompose(src: _KernelRows, diagK, loss: Loss, Y, c_col, alpha, F, intercep
         return stall(rec, all(exact[t] for t in still_open), alpha, src.matmul)
 
     return outer_loop(mon, opts, loss, Y, F, alpha, b_all, c_col, it, state, sigma, columns, solve_column, interrupted,
-                      at_floor, shift)
+                      at_floor, level)
 
 
 def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: Optional[SolverOptions] = None,
@@ -558,8 +557,8 @@ def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options:
     opts, c_col, alpha = box_qp_inputs("working_set", operator, Y, loss, c, options, alpha0)
     n, T = Y.shape
     dtype, device = Y.dtype, Y.device
-    shift = target_level(loss, Y, intercept)  # (solved for Y - shift; the intercept reported is b + shift)
-    Y = Y - shift
+    level = target_level(loss, Y, intercept)  # (solved for Y - level; the intercept reported is b + level)
+    Y = Y - level
     if intercept:  # a start off the hyperplane sum a = 0 is not feasible: those columns start from zero
         alpha[:, alpha.sum(0).abs() > 1e-12 * alpha.abs().sum(0).clamp_min(1.0)] = 0.0
     q = max(2, min(int(default_size(loss) if working_set_size is None else working_set_size), n))
@@ -578,7 +577,7 @@ def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options:
             diagK = operator.kernel.diag(cache.X)
             F = src.matmul(alpha)
             reason, it, rec = _decompose(src, diagK, loss, Y, c_col, alpha, F, intercept, q, mon, opts, it, state,
-                                         lambda: sig.flag, shift)
+                                         lambda: sig.flag, level)
             status = reason or "max_iter"
         except (RuntimeError, MemoryError) as exc:
             if not is_out_of_memory(exc):
