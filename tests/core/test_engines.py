@@ -1414,3 +1414,43 @@ def test_line_search_steps_to_the_minimiser_along_a_long_step(name):
     grid = [primal(beta + s * D) for s in np.linspace(0.0, 1.0, 2001)]
     assert 0 < t < 1
     assert primal(beta + t * D) - min(grid) <= 1e-3 * (primal(beta) - min(grid))
+
+
+def test_active_set_round_out_of_steps_hands_its_sets_to_the_next_round(monkeypatch):
+    """Squared hinge with an intercept at C = 1000 on 2,000 points: the first round's damped steps were still moving
+    16 coordinates a step when its 15 steps ran out. Restarting the next round from the first sets again threw that
+    work away (10 rounds); going on from the sets it reached, the fit converges within 6. The solution satisfies the
+    squared hinge's optimality condition ``alpha_i = C y_i max(0, 1 - y_i f_i)`` with ``f = K alpha + b``, and its
+    intercept the constraint ``sum alpha = 0``."""
+    import joker_ext.active_set as active_set_module
+    from sklearn.datasets import make_classification
+
+    ran_out, steps = [], []
+    round_, solve = active_set_module._Column.round, active_set_module._Column.solve
+
+    def spy_solve(self, *args, **kwargs):
+        steps.append(1)
+        return solve(self, *args, **kwargs)
+
+    def spy_round(self, *args, **kwargs):
+        steps.clear()
+        out = round_(self, *args, **kwargs)
+        ran_out.append(out is None and len(steps) >= active_set_module.MAX_INNER)
+        return out
+
+    monkeypatch.setattr(active_set_module._Column, "round", spy_round)
+    monkeypatch.setattr(active_set_module._Column, "solve", spy_solve)
+    X, labels = make_classification(n_samples=2000, n_features=10, n_informative=6, flip_y=0.05, random_state=3)
+    y = np.where(labels == 1, 1.0, -1.0)
+    C = 1000.0
+    kernel = GaussianKernel(math.sqrt(1 / (2 * 0.1)))  # gamma = 0.1
+    c = torch.full((len(y),), C, dtype=F64)
+    m = fit_dual(torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1), loss=get_loss("squared_hinge"), c=c,
+                 kernel=kernel, options=SolverOptions(tol=1e-12, max_iter=6), solver="active_set", intercept=True)
+    assert ran_out[0], "the first round settled: the case no longer tests a round that runs out of steps"
+    assert m.result.status == "converged" and m.result.rel_gap <= 1e-12, (m.result.status, m.result.n_iter)
+    K = kernel(torch.as_tensor(X), torch.as_tensor(X)).numpy()
+    a = m.result.alpha[:, 0].numpy()
+    f = K @ a + float(m.result.state["intercept"][0])
+    np.testing.assert_allclose(a, C * y * np.maximum(0.0, 1.0 - y * f), atol=1e-8 * C)
+    assert abs(a.sum()) <= 1e-10 * np.abs(a).sum()
