@@ -33,8 +33,8 @@ solved exactly. Should the sets not settle within
 round restarts from its centre with the sets predicted there. A round that ran out of steps while its sets were still
 settling (its damped steps move a few coordinates at a time) is different: the next round goes on from the sets its
 last step reached, at the same weight the first time (restarting from the first sets again threw that work away:
-squared hinge with an intercept, n = 5000, C = 100-1000, three of four problems took 8-18 s in 8-14 rounds, 1.8-2.8 s
-in 2 now).
+squared hinge with an intercept, n = 5000, gamma 0.01-0.1, C = 100-1000, three of four problems took 11-19 s in 8-14
+rounds, 1.8-2.8 s in 2 now; the fourth 2.3 s in one round before, 2.7 s in 2 now).
 
 **Start.** Large problems start from the solution on a random quarter of the rows (with ``C`` scaled by 4,
 recursively down to ``BASE_ROWS`` rows): its predictions on all rows give the first active sets, so the
