@@ -28,13 +28,13 @@ predicted to sit at ``lo``, at ``hi``, at the kink 0, or free on one side of it;
 would carry across its box stops on the way: from one bound to the other it stops free (at the kink when the kink
 lies inside the box), and free on one side of the kink it stops at the kink; it goes on at a later step if it must
 (jumping straight across made the sets swing). When a prediction repeats the previous one the round's problem is
-solved exactly. Should the sets not settle within
-``MAX_INNER`` steps, ``sigma`` grows (a more diagonal problem, on which the method converges) and the
-round restarts from its centre with the sets predicted there. A round that ran out of steps while its sets were still
-settling (its damped steps move a few coordinates at a time) is different: the next round goes on from the sets its
-last step reached, at the same weight the first time (restarting from the first sets again threw that work away:
-squared hinge with an intercept, n = 5000, gamma 0.01-0.1, C = 100-1000, three of four problems took 11-19 s in 8-14
-rounds, 1.8-2.8 s in 2 now; the fourth 2.3 s in one round before, 2.7 s in 2 now).
+solved exactly. Should the sets cycle, ``sigma`` grows (a more diagonal problem, on which the method converges)
+and the round restarts from its centre with the sets it started from. Should they still be settling when its
+``MAX_INNER`` steps run out (its damped steps move a few coordinates at a time), the next round goes on from the
+sets its last step reached, at the same weight the first time and at a larger one the second time in a row
+(restarting from the first sets at a larger weight threw that work away: squared hinge with an intercept, n = 5000,
+gamma 0.01-0.1, C = 100-1000, three of four problems took 11-19 s in 8-14 rounds, 1.8-2.8 s in 2 now; the fourth
+2.3 s in one round before, 2.7 s in 2 now).
 
 **Start.** Large problems start from the solution on a random quarter of the rows (with ``C`` scaled by 4,
 recursively down to ``BASE_ROWS`` rows): its predictions on all rows give the first active sets, so the
