@@ -55,7 +55,8 @@ import torch
 
 from .defaults import CONVERGENCE_WARN_GAP
 from .dense import cholesky_shifted, scipy_blas_on_one_thread
-from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag, start_intercept, target_level
+from .engines import (Monitor, active_set_dtype, at_rounding_floor, register_solver, sigint_as_flag, start_intercept,
+                      target_level)
 from .free_factor import FreeFactor
 from .losses import Loss
 from .memory import is_out_of_memory
@@ -610,7 +611,7 @@ def merge_duplicate_rows(operator, Y: torch.Tensor, c: torch.Tensor, alpha0: Opt
 def active_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: Optional[SolverOptions] = None,
                *, alpha0: Optional[torch.Tensor] = None, state0=None, start_iter: int = 0, callback=None,
                validation=None, snapshot=None, snapshot_every=None, intercept: bool = False,
-               **_resume) -> SolverResult:
+               max_memory: Optional[int] = None, **_resume) -> SolverResult:
     """Minimise the dual by proximal rounds of primal-dual active-set steps (see the module docstring).
 
     Parameters
@@ -629,7 +630,12 @@ def active_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: 
         ``state['intercept']`` holds it.
     callback, validation, snapshot, snapshot_every :
         As in :func:`joker_ext.solver.dbcd_tr`, once per proximal round.
+    max_memory : int, optional
+        Bytes for ``K`` and its factor: float32 inputs are computed in float64 when ``2 n^2`` float64 numbers fit
+        (:func:`~joker_ext.engines.active_set_dtype`); results come back in the inputs' dtype.
     """
+    report_dtype = Y.dtype
+    Y = Y.to(active_set_dtype(Y.shape[0], Y.dtype, max_memory))
     # identical rows make K_FF singular: one row per group, the same problem
     operator, Y, c, alpha0, expand = merge_duplicate_rows(operator, Y, c, alpha0)
     opts, c_col, alpha = box_qp_inputs("active_set", operator, Y, loss, c, options, alpha0)
@@ -639,7 +645,7 @@ def active_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: 
     Y = Y - level
     b_all = start_intercept(state0 if intercept else None, T, dtype, device, level)
     mon = Monitor(opts, callback=callback, validation=validation, snapshot=snapshot, snapshot_every=snapshot_every,
-                  dtype=dtype, expand=expand)
+                  dtype=dtype, report_dtype=report_dtype, expand=expand)
     generator = torch.Generator().manual_seed(int(opts.seed) if opts.seed is not None else 0)
     state = {"f": torch.zeros_like(alpha)}
     if intercept:
@@ -647,7 +653,7 @@ def active_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: 
     status, it, rec = "max_iter", start_iter, None
     with sigint_as_flag(opts.handle_sigint) as sig, scipy_blas_on_one_thread():
         try:
-            K = operator.gram()
+            K = operator.gram(dtype)
             diagK = K.diagonal().clone()
             columns = [_Column(K, diagK, loss.column(t), Y[:, t], c_col, intercept) for t in range(T)]
             F = K @ alpha

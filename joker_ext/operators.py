@@ -187,9 +187,10 @@ class ExactOperator:
             f += self._mmv_all(self.data.take(idx), alpha[idx])
         return {"f": f}
 
-    def gram(self) -> torch.Tensor:
-        """The whole kernel matrix ``K`` (n x n), for the full-dual engines."""
-        X = self.data.all()
+    def gram(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """The whole kernel matrix ``K`` (n x n), for the full-dual engines; in ``dtype`` when given (computed
+        from the rows in that dtype), else in the rows' own."""
+        X = self.data.all() if dtype is None else self.data.all().to(dtype)
         return self.kernel(X, X)  # one block: the kernels fill their output in place, no chunk copies
 
     def block(self, idx: torch.Tensor, state) -> BlockOps:

@@ -797,6 +797,32 @@ def test_working_set_in_float32_reaches_libsvm_and_reports_float32():
     assert primal(m.alpha[:, 0].double().numpy(), f) <= primal(a_ref, f_ref) * (1 + 1e-6)
 
 
+def test_active_set_in_float32_at_large_C_converges_and_reports_float32():
+    """float32 squared hinge at C = 10^4 on 1,500 points: the active set computes in float64 when ``K`` fits its
+    budget in float64 (in float32 its rounds cycled on the ill-conditioned free block: 100 rounds, 4.6 s, relative
+    gap 4e-3) and returns float32. The gap recomputed here in float64 from the float32 ``alpha`` (feasible:
+    ``y alpha >= 0``) is a tenth of the tolerance asked for (the rounding of ``alpha`` to float32 leaves about 5e-9)."""
+    from sklearn.datasets import make_classification
+
+    X, labels = make_classification(n_samples=1500, n_features=10, n_informative=6, n_clusters_per_class=1,
+                                    flip_y=0.05, weights=[0.8, 0.2], random_state=7)
+    y = np.where(labels == 1, 1.0, -1.0)
+    C, gamma = 1e4, 0.1
+    X32 = torch.as_tensor(X, dtype=torch.float32)
+    kernel = GaussianKernel(math.sqrt(1 / (2 * gamma)))
+    m = fit_dual(X32, torch.as_tensor(y, dtype=torch.float32).reshape(-1, 1), loss=get_loss("squared_hinge"),
+                 c=torch.full((len(y),), C, dtype=torch.float32), kernel=kernel, dtype=torch.float32,
+                 options=SolverOptions(tol=1e-6, max_iter=100), solver="active_set")
+    assert m.result.status == "converged" and m.alpha.dtype == torch.float32
+    K = kernel(X32.double(), X32.double()).numpy()
+    a = m.alpha[:, 0].double().numpy()
+    assert (y * a >= 0).all()
+    f = K @ a
+    primal = 0.5 * a @ K @ a + 0.5 * C * (np.maximum(0.0, 1.0 - y * f) ** 2).sum()  # loss max(0, 1 - y f)^2 / 2
+    negative_dual = 0.5 * a @ K @ a - y @ a + (a ** 2).sum() / (2 * C)
+    assert primal + negative_dual <= 1e-7 * primal  # a tenth of the tolerance asked for
+
+
 @pytest.mark.parametrize("solver", ["active_set", "working_set"])
 def test_several_targets_equal_separate_fits(solver):
     loss, X, y = _problem("epsilon_insensitive", n=200, seed=2)
