@@ -55,7 +55,7 @@ import torch
 
 from .defaults import CONVERGENCE_WARN_GAP
 from .dense import cholesky_shifted, scipy_blas_on_one_thread
-from .engines import (Monitor, active_set_dtype, at_rounding_floor, register_solver, sigint_as_flag, start_intercept,
+from .engines import (Monitor, exact_compute_dtype, at_rounding_floor, register_solver, sigint_as_flag, start_intercept,
                       target_level)
 from .free_factor import FreeFactor
 from .losses import Loss
@@ -632,10 +632,10 @@ def active_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: 
         As in :func:`joker_ext.solver.dbcd_tr`, once per proximal round.
     max_memory : int, optional
         Bytes for ``K`` and its factor: float32 inputs are computed in float64 when ``2 n^2`` float64 numbers fit
-        (:func:`~joker_ext.engines.active_set_dtype`); results come back in the inputs' dtype.
+        (:func:`~joker_ext.engines.exact_compute_dtype`); results come back in the inputs' dtype.
     """
     report_dtype = Y.dtype
-    Y = Y.to(active_set_dtype(Y.shape[0], Y.dtype, max_memory))
+    Y = Y.to(exact_compute_dtype(Y.shape[0], Y.dtype, max_memory))
     # identical rows make K_FF singular: one row per group, the same problem
     operator, Y, c, alpha0, expand = merge_duplicate_rows(operator, Y, c, alpha0)
     opts, c_col, alpha = box_qp_inputs("active_set", operator, Y, loss, c, options, alpha0)

@@ -55,7 +55,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["at_rounding_floor", "register_solver", "get_solver", "available_solvers", "resolve_solver",
            "supports_intercept", "supports_distributed", "Monitor",
-           "DEFAULT_EXACT_MEMORY", "active_set_dtype", "default_max_iter", "KINKED_NEWTON_MAX_ITER", "working_set_size", "start_intercept"]
+           "DEFAULT_EXACT_MEMORY", "exact_compute_dtype", "default_max_iter", "KINKED_NEWTON_MAX_ITER", "working_set_size", "start_intercept"]
 
 #: Memory the full-dual Newton engine may give the ``n x n`` kernel matrix and its factor when the user
 #: sets no ``max_memory`` (bytes).
@@ -193,12 +193,14 @@ def resolve_solver(name: str, mode: str, n: int, itemsize: int, loss=None, max_m
     return "newton"
 
 
-def active_set_dtype(n: int, dtype: torch.dtype, max_memory: Optional[int] = None) -> torch.dtype:
-    """The dtype the active-set engine computes in: float64 when ``dtype`` is narrower and its ``n x n`` matrix and a
-    factor in float64 (``2 n^2`` numbers of 8 bytes) fit ``max_memory`` (default :data:`DEFAULT_EXACT_MEMORY`), else
-    ``dtype``. Its rounds cycle on float32 solves of an ill-conditioned free block (squared hinge, n = 1500, C = 10^4:
-    100 rounds, 4.6 s, relative gap 4e-3; in float64 one round, 0.13 s), as the working set's did, which computes
-    in float64 always (:data:`~joker_ext.defaults.WORKING_SET_DTYPE`)."""
+def exact_compute_dtype(n: int, dtype: torch.dtype, max_memory: Optional[int] = None) -> torch.dtype:
+    """The dtype the full-dual engines ('active_set', exact 'newton') compute in: float64 when ``dtype`` is narrower
+    and their ``n x n`` matrix and a factor in float64 (``2 n^2`` numbers of 8 bytes) fit ``max_memory`` (default
+    :data:`DEFAULT_EXACT_MEMORY`), else ``dtype``. In float32 the active-set rounds cycled on the ill-conditioned
+    free block (squared hinge, n = 1500, C = 10^4: 100 rounds, 4.6 s, relative gap 4e-3; in float64 one round,
+    0.13 s), as the working set's did, which computes in float64 always
+    (:data:`~joker_ext.defaults.WORKING_SET_DTYPE`), and logistic regression's Newton steps stalled at C = 100-10^4
+    (n = 2000: relative gaps 3e-4 to 1.0)."""
     budget = DEFAULT_EXACT_MEMORY if max_memory is None else int(max_memory)
     if torch.finfo(dtype).bits >= 64 or 2 * n * n * 8 > budget:
         return dtype

@@ -230,7 +230,7 @@ def fit_dual(
             kw["state0"] = {"intercept": torch.as_tensor(intercept0, dtype=dtype, device=device).reshape(Yd.shape[1])}
     if budget is not None and name == "working_set":  # half the budget to the kernel-column cache
         kw["cache_columns"] = max(1, budget // (2 * data.n * (torch.finfo(dtype).bits // 8)))
-    if budget is not None and name == "active_set":  # whether K and its factor fit in float64
+    if budget is not None and op.mode == "exact" and name in ("active_set", "newton"):  # K and a factor in float64?
         kw["max_memory"] = budget
     if opts.max_iter is None:
         opts = replace(opts, max_iter=default_engine_iter(name, n_all, opts.block_size, loss=loss))

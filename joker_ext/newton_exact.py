@@ -71,7 +71,7 @@ import torch
 
 from .active_set import active_set
 from .dense import MIXED_PRECISION_MIN, RefinedCholesky, cholesky_ex, cholesky_shifted, cholesky_solve
-from .engines import Monitor, at_rounding_floor, register_solver, sigint_as_flag, start_intercept
+from .engines import Monitor, at_rounding_floor, exact_compute_dtype, register_solver, sigint_as_flag, start_intercept
 from .intercept import feasible_dual
 from .losses import Loss
 from .memory import is_out_of_memory
@@ -255,7 +255,7 @@ class _Column:
 def exact_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: Optional[SolverOptions] = None,
                  *, alpha0: Optional[torch.Tensor] = None, state0=None, start_iter: int = 0, callback=None,
                  validation=None, snapshot=None, snapshot_every=None, intercept: bool = False,
-                 **_resume) -> SolverResult:
+                 max_memory: Optional[int] = None, **_resume) -> SolverResult:
     """Minimise the dual by projected Newton with smoothing continuation, by Newton steps on the primal (logistic),
     or, for duals quadratic or linear on their box, by :func:`joker_ext.active_set.active_set` (see the module
     docstring).
@@ -281,14 +281,19 @@ def exact_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options
         Fit an unregularized intercept per column (``state['intercept']``): inside the active-set method for duals
         quadratic or linear on their box, jointly with ``w`` in the primal Newton steps (:func:`fits_intercept`);
         other losses get it from the intercept search around this engine.
+    max_memory : int, optional
+        Bytes for ``K`` and its factor: float32 inputs are computed in float64 when ``2 n^2`` float64 numbers fit
+        (:func:`~joker_ext.engines.exact_compute_dtype`); results come back in the inputs' dtype.
     """
     if operator.mode != "exact":
         raise ValueError(f"exact_newton needs an exact kernel operator, got mode {operator.mode!r}")
     if loss.quadratic:  # a dual that is quadratic or linear on its box: its semismooth Newton method
         return active_set(operator, Y, loss, c, options, alpha0=alpha0, state0=state0, start_iter=start_iter,
                           callback=callback, validation=validation, snapshot=snapshot, snapshot_every=snapshot_every,
-                          intercept=intercept)
+                          intercept=intercept, max_memory=max_memory)
     opts = options or SolverOptions()
+    report_dtype = Y.dtype
+    Y = Y.to(exact_compute_dtype(Y.shape[0], Y.dtype, max_memory))
     n, T = Y.shape
     dtype, device = Y.dtype, Y.device
     c_col = c.reshape(n, 1).to(dtype=dtype, device=device)
@@ -303,7 +308,7 @@ def exact_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options
         alpha = loss.smoothed_dual(torch.zeros(n, T, dtype=dtype, device=device), Y, c_col)[0]
     alpha = torch.minimum(torch.maximum(alpha, lo_all), hi_all)
     mon = Monitor(opts, callback=callback, validation=validation, snapshot=snapshot, snapshot_every=snapshot_every,
-                  dtype=dtype)
+                  dtype=dtype, report_dtype=report_dtype)
     state = {"f": torch.zeros_like(alpha)}
     status, it, rec, columns = "max_iter", start_iter, None, []
     finite = torch.isfinite(hi_all - lo_all)
@@ -341,7 +346,7 @@ def exact_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options
 
     with sigint_as_flag(opts.handle_sigint) as sig:
         try:
-            K = operator.gram()
+            K = operator.gram(dtype)
             diagK = K.diagonal().clone()
             F = K @ alpha
             s0 = float(c_col.mean()) * float(diagK.mean()) if needs_smoothing(loss, Y, c_col) else 0.0
