@@ -55,7 +55,7 @@ import torch
 
 from .defaults import CONVERGENCE_WARN_GAP
 from .dense import cholesky_shifted, scipy_blas_on_one_thread
-from .engines import (Monitor, exact_compute_dtype, at_rounding_floor, register_solver, sigint_as_flag, start_intercept,
+from .engines import (Monitor, at_rounding_floor, exact_compute_dtype, register_solver, sigint_as_flag, start_intercept,
                       target_level)
 from .free_factor import FreeFactor
 from .losses import Loss

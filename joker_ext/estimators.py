@@ -469,6 +469,11 @@ _COMMON_PARAMS_DOC = """
         where its memory fits, DBCD-TR elsewhere). ``solver_`` holds the engine used.
     device : str or torch.device, default 'cpu'
     dtype : {{'float64', 'float32'}} or torch dtype, default 'float64'
+        Precision of the data, the kernel values and the model (``dtype_``). The exact engines compute in
+        float64 whatever it is where ``K`` fits the memory budget in float64 (the working set always; their
+        float32 solves of the ill-conditioned free blocks did not settle). Random-feature fits run in it
+        throughout: in float32 with ``fit_intercept`` at very large ``C n`` (e.g. C = 10^4, n = 5000) they
+        can stop short of ``tol`` with a ConvergenceWarning; float64 converges there.
     random_state : int, RandomState or None
         Seeds the block partition, block choice and random features (None: seed 0).
     verbose : bool
