@@ -221,6 +221,7 @@ def save_estimator(estimator, path: PathLike) -> Path:
 
 def load_estimator(path: PathLike):
     """Rebuild an estimator saved by :func:`save_estimator`; it predicts exactly as the saved one."""
+    from .data import resolve_dtype
     from .kernels import kernel_from_description
 
     obj = load_checkpoint(path, kind="estimator")
@@ -238,7 +239,9 @@ def load_estimator(path: PathLike):
     est = cls(**params)
     est.X_fit_ = obj["X_fit"].numpy()
     # the fit plan of the saved parameters: kernel_, sigma_, gamma_, feature_map_, loss_, dtype_, device_ as at fit
-    est._set_fitted_plan(est._fit_plan(kernel, est._loss_object(), max(1, est.X_fit_.shape[0])))
+    # (a float32 fit whose random features were solved in float64 kept its rows in float64)
+    mixed = est.n_features is not None and est.X_fit_.dtype == np.float64 and resolve_dtype(est.dtype) != torch.float64
+    est._set_fitted_plan(est._fit_plan(kernel, est._loss_object(), max(1, est.X_fit_.shape[0]), mixed=mixed))
     est.dual_coef_ = obj["dual_coef"].numpy()
     est.coef_ = obj["coef"].numpy() if "coef" in obj else None
     est.n_features_in_ = meta["n_features_in"]

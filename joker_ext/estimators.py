@@ -32,7 +32,7 @@ from sklearn.utils.validation import _check_sample_weight, check_is_fitted, vali
 from .checkpoint import register_estimator
 from .conversions import gamma_to_sigma, sigma_to_gamma
 from .data import BlockData, resolve_device, resolve_dtype
-from .defaults import CONVERGENCE_WARN_GAP
+from .defaults import CONVERGENCE_WARN_GAP, FLOAT32_INTERCEPT_MAX_COST, precision_tol
 from .distributed import SingleProcess, row_shards
 from .kernels import Kernel, StationaryKernel, as_kernel, make_kernel, median_heuristic
 from .losses import Loss, get_loss
@@ -120,16 +120,33 @@ class _JokerBase(BaseEstimator):
             )
         return get_loss(self.loss, delta=self.delta, epsilon=self.epsilon, quantile=self.quantile)
 
-    def _fit_plan(self, kernel: Kernel, loss: Loss, n: int, sample_weight=None) -> FitPlan:
+    def _fit_plan(self, kernel: Kernel, loss: Loss, n: int, sample_weight=None,
+                  mixed: Optional[bool] = None) -> FitPlan:
         """The fit plan (:func:`joker_ext.plan.make_fit_plan`) of these parameters for ``kernel`` and ``loss`` on
-        ``n`` rows (over all processes), ``sample_weight`` those of this process's rows (default: ones)."""
+        ``n`` rows (over all processes), ``sample_weight`` those of this process's rows (default: ones); ``mixed``:
+        whether float32 random features are solved in float64 (default: :meth:`_mixed_precision` decides)."""
+        dtype = resolve_dtype(self.dtype)
+        if mixed is None:
+            mixed = self._mixed_precision(dtype, n, sample_weight)
         return make_fit_plan(kernel, loss, n=n, C=self.C, sample_weight=sample_weight,
                              features="exact" if self.n_features is None else self.features,
-                             n_features=self.n_features, seed=self._seed(), tol=self.tol, block_size=self.block_size,
+                             n_features=self.n_features, seed=self._seed(), tol=self.tol,
+                             default_tol=precision_tol(dtype) if mixed else None, block_size=self.block_size,
                              max_iter=self.max_iter, max_time=self.max_time, verbose=bool(self.verbose),
-                             max_memory=self.max_memory, dtype=resolve_dtype(self.dtype),
+                             max_memory=self.max_memory, dtype=torch.float64 if mixed else dtype,
+                             compute_dtype=dtype if mixed else None,
                              device=resolve_device(self.device), solver=self.solver, intercept=self.fit_intercept,
                              distributed=bool(self.distributed))
+
+    def _mixed_precision(self, dtype: torch.dtype, n: int, sample_weight=None) -> bool:
+        """Whether a fit in ``dtype`` evaluates its random features in that dtype and solves in float64 (the feature
+        Newton engine's mixed passes, as JokerFalkon's for float32 data), to ``dtype``'s tolerance: float32 random
+        features with an intercept at ``C n mean(w) > FLOAT32_INTERCEPT_MAX_COST``
+        (:data:`joker_ext.defaults.FLOAT32_INTERCEPT_MAX_COST`), where float32 Newton steps stalled."""
+        if self.n_features is None or dtype == torch.float64 or not self.fit_intercept:
+            return False
+        mean_w = 1.0 if sample_weight is None or len(sample_weight) == 0 else float(np.mean(sample_weight))
+        return self.C * n * mean_w > FLOAT32_INTERCEPT_MAX_COST
 
     def _set_fitted_plan(self, plan: FitPlan) -> None:
         """Set what follows from the fit plan (at fit and at :func:`~joker_ext.checkpoint.load_estimator`):
@@ -472,8 +489,9 @@ _COMMON_PARAMS_DOC = """
         Precision of the data, the kernel values and the model (``dtype_``). The exact engines compute in
         float64 whatever it is where ``K`` fits the memory budget in float64 (the working set always; their
         float32 solves of the ill-conditioned free blocks did not settle). Random-feature fits run in it
-        throughout: in float32 with ``fit_intercept`` at very large ``C n`` (e.g. C = 10^4, n = 5000) they
-        can stop short of ``tol`` with a ConvergenceWarning; float64 converges there.
+        throughout, except float32 fits with ``fit_intercept`` at ``C n > 10^6``
+        (:data:`joker_ext.defaults.FLOAT32_INTERCEPT_MAX_COST`), whose Newton steps stalled in float32: their
+        features are evaluated in float32 and solved in float64 (``dtype_`` is then float64).
     random_state : int, RandomState or None
         Seeds the block partition, block choice and random features (None: seed 0).
     verbose : bool

@@ -12,6 +12,10 @@ from joker_ext.checkpoint import load_estimator, save_estimator
     lambda: JokerRegressor(loss="squared", fit_intercept=True),
     lambda: JokerClassifier(loss="logistic", C=2.0),
     lambda: JokerClassifier(loss="hinge", n_features=64, random_state=1, probability=True),
+    # float32 random features with an intercept: solved in float32 (C n small), or in float64 (C n above
+    # FLOAT32_INTERCEPT_MAX_COST), each rebuilt as fitted
+    lambda: JokerRegressor(loss="squared", n_features=32, fit_intercept=True, dtype="float32", random_state=2),
+    lambda: JokerRegressor(loss="squared", C=1e6, n_features=32, fit_intercept=True, dtype="float32", random_state=2),
 ])
 def test_save_load_predicts_identically(tmp_path, make):
     rng = np.random.default_rng(0)

@@ -571,6 +571,42 @@ def test_random_features_at_a_large_c_converge_within_the_default_budget():
     prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
     assert m.primal_objective_ == pytest.approx(prob.value, rel=1e-7)
 
+@pytest.mark.parametrize("loss", ["squared", "logistic"])
+def test_float32_random_features_with_an_intercept_at_a_large_c_reach_the_closed_form(loss):
+    """float32, 200 random features, C = 10^5 on 2,000 rows (scikit-learn's friedman1 / classification problems)
+    with the intercept: in float32 throughout the Newton steps stalled at once (relative gap 1.0 after 2 iterations, a ConvergenceWarning); above
+    FLOAT32_INTERCEPT_MAX_COST the features are evaluated in float32 and solved in float64. The model is the
+    closed form on those float32 features (squared: the bordered ridge system; logistic: scikit-learn's
+    LogisticRegression, whose objective is the same), and a float32 fit at C = 1 stays in float32 throughout."""
+    from sklearn.datasets import make_friedman1
+
+    C = 1e5
+    if loss == "squared":
+        Est, (X, y) = JokerRegressor, make_friedman1(n_samples=2000, n_features=6, noise=1.0, random_state=1)
+    else:
+        Est, (X, y) = JokerClassifier, make_classification(n_samples=2000, n_features=6, n_informative=4,
+                                                           flip_y=0.05, random_state=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m = Est(loss=loss, C=C, n_features=200, fit_intercept=True, dtype="float32", random_state=0).fit(X, y)
+    assert m.status_ == "converged", (m.status_, m.relative_gap_)
+    Phi = m.feature_map_(torch.from_numpy(X)).numpy()  # evaluated in float32
+    f = m.decision_function(X) if loss == "logistic" else m.predict(X)
+    if loss == "squared":
+        # min 1/2 |beta|^2 + C/2 |y - Phi beta - b|^2: (I + C Phi^T Phi) beta + C Phi^T 1 b = C Phi^T y, ...
+        A = np.block([[np.eye(Phi.shape[1]) + C * Phi.T @ Phi, C * Phi.sum(0)[:, None]],
+                      [C * Phi.sum(0)[None, :], np.full((1, 1), C * len(y))]])
+        sol = np.linalg.solve(A, C * np.r_[Phi.T @ y, y.sum()])
+        f_ref = Phi @ sol[:-1] + sol[-1]
+    else:
+        ref = LogisticRegression(C=C, tol=1e-12, max_iter=10000).fit(Phi, y)
+        f_ref = ref.decision_function(Phi)
+    assert np.abs(f - f_ref).max() <= 1e-4 * np.abs(f_ref).max()
+    assert m.dtype_ == torch.float64
+    small = Est(loss=loss, C=1.0, n_features=200, fit_intercept=True, dtype="float32").fit(X, y)
+    assert small.dtype_ == torch.float32 and small.status_ == "converged"
+
+
 def test_huber_on_random_features_with_an_intercept_converges_to_cvxpy():
     """The intercept search around the Newton engine (random features, Huber): each solve's dual point is off by
     about the square root of its gap, so ``sum alpha`` at a solve to a gap of ``1e-2 rel`` was noise at the scale
