@@ -797,29 +797,37 @@ def test_working_set_in_float32_reaches_libsvm_and_reports_float32():
     assert primal(m.alpha[:, 0].double().numpy(), f) <= primal(a_ref, f_ref) * (1 + 1e-6)
 
 
+def _float32_full_dual_fit(loss: str, solver: str, C: float, **data):
+    """A float32 fit of ``loss`` by the full-dual engine ``solver`` (tol 1e-6) on scikit-learn's
+    ``make_classification(**data)`` with labels -1 / 1, Gaussian kernel with gamma 0.1, checked to converge and to
+    report float32: ``(y, K, coefficients)``, ``K`` and the coefficients in float64 from the float32 points and
+    results."""
+    from sklearn.datasets import make_classification
+
+    X, labels = make_classification(**data)
+    y = np.where(labels == 1, 1.0, -1.0)
+    X32 = torch.as_tensor(X, dtype=torch.float32)
+    kernel = GaussianKernel(math.sqrt(1 / (2 * 0.1)))
+    m = fit_dual(X32, torch.as_tensor(y, dtype=torch.float32).reshape(-1, 1), loss=get_loss(loss),
+                 c=torch.full((len(y),), C, dtype=torch.float32), kernel=kernel, dtype=torch.float32,
+                 options=SolverOptions(tol=1e-6, max_iter=100), solver=solver)
+    assert m.result.status == "converged" and m.alpha.dtype == torch.float32, (m.result.status, m.result.rel_gap)
+    return y, kernel(X32.double(), X32.double()).numpy(), m.alpha[:, 0].double().numpy()
+
+
 def test_active_set_in_float32_at_large_C_converges_and_reports_float32():
     """float32 squared hinge at C = 10^4 on 1,500 points: the active set computes in float64 when ``K`` fits its
     budget in float64 (in float32 its rounds cycled on the ill-conditioned free block: 100 rounds, 4.6 s, relative
     gap 4e-3) and returns float32. The gap recomputed here in float64 from the float32 ``alpha`` (feasible:
     ``y alpha >= 0``) is a tenth of the tolerance asked for (the rounding of ``alpha`` to float32 leaves about 5e-9)."""
-    from sklearn.datasets import make_classification
-
-    X, labels = make_classification(n_samples=1500, n_features=10, n_informative=6, n_clusters_per_class=1,
-                                    flip_y=0.05, weights=[0.8, 0.2], random_state=7)
-    y = np.where(labels == 1, 1.0, -1.0)
-    C, gamma = 1e4, 0.1
-    X32 = torch.as_tensor(X, dtype=torch.float32)
-    kernel = GaussianKernel(math.sqrt(1 / (2 * gamma)))
-    m = fit_dual(X32, torch.as_tensor(y, dtype=torch.float32).reshape(-1, 1), loss=get_loss("squared_hinge"),
-                 c=torch.full((len(y),), C, dtype=torch.float32), kernel=kernel, dtype=torch.float32,
-                 options=SolverOptions(tol=1e-6, max_iter=100), solver="active_set")
-    assert m.result.status == "converged" and m.alpha.dtype == torch.float32
-    K = kernel(X32.double(), X32.double()).numpy()
-    a = m.alpha[:, 0].double().numpy()
+    C = 1e4
+    y, K, a = _float32_full_dual_fit("squared_hinge", "active_set", C, n_samples=1500, n_features=10,
+                                     n_informative=6, n_clusters_per_class=1, flip_y=0.05, weights=[0.8, 0.2],
+                                     random_state=7)
     assert (y * a >= 0).all()
     f = K @ a
-    primal = 0.5 * a @ K @ a + 0.5 * C * (np.maximum(0.0, 1.0 - y * f) ** 2).sum()  # loss max(0, 1 - y f)^2 / 2
-    negative_dual = 0.5 * a @ K @ a - y @ a + (a ** 2).sum() / (2 * C)
+    primal = 0.5 * a @ f + 0.5 * C * (np.maximum(0.0, 1.0 - y * f) ** 2).sum()  # loss max(0, 1 - y f)^2 / 2
+    negative_dual = 0.5 * a @ f - y @ a + (a ** 2).sum() / (2 * C)
     assert primal + negative_dual <= 1e-7 * primal  # a tenth of the tolerance asked for
 
 
@@ -829,19 +837,10 @@ def test_exact_logistic_in_float32_at_large_C_converges():
     ConvergenceWarning). The gap between the primal at the float32 model ``w`` and the dual at the point
     ``a_i = C y_i sigmoid(-y_i f_i)`` it predicts, recomputed here in float64, is at float32's tolerance or below."""
     from scipy.special import expit, xlogy
-    from sklearn.datasets import make_classification
 
-    X, labels = make_classification(n_samples=2000, n_features=10, n_informative=6, flip_y=0.05, random_state=1)
-    y = np.where(labels == 1, 1.0, -1.0)
-    C, gamma = 100.0, 0.1
-    X32 = torch.as_tensor(X, dtype=torch.float32)
-    kernel = GaussianKernel(math.sqrt(1 / (2 * gamma)))
-    m = fit_dual(X32, torch.as_tensor(y, dtype=torch.float32).reshape(-1, 1), loss=get_loss("logistic"),
-                 c=torch.full((len(y),), C, dtype=torch.float32), kernel=kernel, dtype=torch.float32,
-                 options=SolverOptions(tol=1e-6, max_iter=100), solver="newton")
-    assert m.result.status == "converged" and m.alpha.dtype == torch.float32
-    K = kernel(X32.double(), X32.double()).numpy()
-    w = m.alpha[:, 0].double().numpy()
+    C = 100.0
+    y, K, w = _float32_full_dual_fit("logistic", "newton", C, n_samples=2000, n_features=10, n_informative=6,
+                                     flip_y=0.05, random_state=1)
     f = K @ w
     primal = 0.5 * w @ f + C * np.logaddexp(0.0, -y * f).sum()
     a = C * y * expit(-y * f)
