@@ -55,8 +55,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["at_rounding_floor", "register_solver", "get_solver", "available_solvers", "resolve_solver",
            "supports_intercept", "supports_distributed", "Monitor",
-           "DEFAULT_EXACT_MEMORY", "exact_compute_dtype", "default_max_iter", "KINKED_NEWTON_MAX_ITER", "working_set_size",
-           "start_intercept"]
+           "DEFAULT_EXACT_MEMORY", "exact_compute_dtype", "default_max_iter", "KINKED_NEWTON_MAX_ITER",
+           "working_set_size", "start_intercept"]
 
 #: Memory the full-dual Newton engine may give the ``n x n`` kernel matrix and its factor when the user
 #: sets no ``max_memory`` (bytes).
