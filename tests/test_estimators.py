@@ -571,11 +571,13 @@ def test_random_features_at_a_large_c_converge_within_the_default_budget():
     prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
     assert m.primal_objective_ == pytest.approx(prob.value, rel=1e-7)
 
+
 @pytest.mark.parametrize("loss", ["squared", "logistic"])
 def test_float32_random_features_with_an_intercept_at_a_large_c_reach_the_closed_form(loss):
     """float32, 200 random features, C = 10^5 on 2,000 rows (scikit-learn's friedman1 / classification problems)
-    with the intercept: in float32 throughout the Newton steps stalled at once (relative gap 1.0 after 2 iterations, a ConvergenceWarning); above
-    FLOAT32_INTERCEPT_MAX_COST the features are evaluated in float32 and solved in float64. The model is the
+    with the intercept: in float32 throughout the Newton steps stalled at once (relative gap 1.0 after 2
+    iterations, a ConvergenceWarning); above FLOAT32_INTERCEPT_MAX_COST the features are evaluated in float32
+    and solved in float64. The model is the
     closed form on those float32 features (squared: the bordered ridge system; logistic: scikit-learn's
     LogisticRegression, whose objective is the same), and a float32 fit at C = 1 stays in float32 throughout."""
     from sklearn.datasets import make_friedman1
