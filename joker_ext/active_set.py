@@ -202,7 +202,9 @@ class _Column:
         self.total = float(total)
         self.intercept = intercept
         self.scale = float(diagK.mean()) if diagK.numel() else 1.0
-        self.factor = FreeFactor(cholesky_shifted) if factor is None else factor
+        # a dual without a box or a kink (the squared loss) is solved by one step, whose block may factor in float32
+        unboxed = not self.kink and bool(torch.isinf(self.lo).all() and torch.isinf(self.hi).all())
+        self.factor = FreeFactor(cholesky_shifted, mixed=unboxed) if factor is None else factor
         self.unrefined = False  # whether the last solve went through an (unrefined) factor update
         # the sets of the last step of the last round, when it ran out of steps without settling or cycling
         self.unsettled_sets = None

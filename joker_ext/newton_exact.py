@@ -70,7 +70,7 @@ from typing import Optional
 import torch
 
 from .active_set import active_set
-from .dense import MIXED_PRECISION_MIN, RefinedCholesky, cholesky_ex, cholesky_shifted, cholesky_solve
+from .dense import MIXED_CONTRACTION, MIXED_PRECISION_MIN, cholesky_shifted, cholesky_solve, mixed_precision_solve
 from .engines import Monitor, at_rounding_floor, exact_compute_dtype, register_solver, sigint_as_flag, start_intercept
 from .intercept import feasible_dual
 from .losses import Loss
@@ -86,9 +86,6 @@ MAX_HALVINGS = 40
 #: Relative size of a primal Newton step's predicted decrease (and of the rise of P it may cause) below which it is
 #: rounding: the full step is taken.
 NOISE = 1e-10
-#: The primal Newton system factors in float32 when its conditioning bound times float32's epsilon is at most this
-#: (the bound is loose: at 0.035 the refinements still reached residuals of 4e-15).
-MIXED_CONTRACTION = 1.0
 #: Refinements per solve through a float32 factor (it stops earlier when one does not shrink the residual), and the
 #: residual (relative to the right-hand side) below which the solve is taken (else a float64 factor solves it).
 REFINEMENTS = 6
@@ -195,8 +192,9 @@ class _Column:
     def _solve_system(self, root: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
         """``B^{-1} V`` with ``B = I + diag(root) K diag(root)``: through a float32 factor refined in float64 when
         ``K`` is float64, of order at least :data:`~joker_ext.dense.MIXED_PRECISION_MIN`, and the bound
-        ``cond(B) <= 1 + max(root)^2 |K|_inf`` times float32's epsilon is at most :data:`MIXED_CONTRACTION`; else (or
-        when the refinements stop short of :data:`REFINED`) through a float64 factor. The solves are refined until
+        ``cond(B) <= 1 + max(root)^2 |K|_inf`` times float32's epsilon is at most
+        :data:`~joker_ext.dense.MIXED_CONTRACTION`; else (or when the refinements stop short of :data:`REFINED`)
+        through a float64 factor. The solves are refined until
         a refinement no longer shrinks the residual: refined only to 1e-12, the Newton steps (``w_new = t - ...``, a
         difference of large terms near the optimum) lost accuracy and fits took 1.7-6x the iterations at C = 100-776.
         Logistic loss with the intercept (then fitted by the intercept search), two cores, against float64 factors
@@ -208,13 +206,11 @@ class _Column:
             if self.K_inf is None:
                 self.K_inf = float(torch.linalg.matrix_norm(K, ord=math.inf))
             if (1.0 + float(root.max()) ** 2 * self.K_inf) * torch.finfo(torch.float32).eps <= MIXED_CONTRACTION:
-                L, info = cholesky_ex(_scaled_system(K, root, torch.float32))
-                if int(info) == 0:
-                    scale = root.unsqueeze(1)
-                    solver = RefinedCholesky(L, lambda R, X: R - X - scale * (K @ (scale * X)), REFINEMENTS, 0.0)
-                    X = solver.solve(V)
-                    if solver.residual <= REFINED:
-                        return X
+                scale = root.unsqueeze(1)
+                out = mixed_precision_solve(_scaled_system(K, root, torch.float32),
+                                            lambda R, X: R - X - scale * (K @ (scale * X)), V, REFINEMENTS)
+                if out is not None and out[1] <= REFINED:
+                    return out[0]
         L = cholesky_shifted(_scaled_system(K, root, K.dtype))
         return cholesky_solve(V, L)
 

@@ -219,3 +219,78 @@ def test_polish_refines_an_inexact_step_to_the_dense_solves_accuracy(monkeypatch
     assert abs(an.sum() - col.total) <= 1e-12 * np.abs(an).sum()
     assert np.abs(f1.numpy() - Kn @ an).max() <= 1e-13 * (np.abs(Kn) @ np.abs(an)).max()  # its rounding
     assert np.array_equal(an[~free], value.numpy()[~free])  # the fixed coordinates stay where the sets put them
+
+
+def _mixed_calls(monkeypatch) -> list:
+    """Record the float32 solves of :meth:`FreeFactor._mixed_solve` (their residuals) and allow them at small orders."""
+    monkeypatch.setattr(ff, "MIXED_PRECISION_MIN", 1)
+    calls, solve = [], ff.mixed_precision_solve
+
+    def recording(*args):
+        out = solve(*args)
+        calls.append(None if out is None else out[1])
+        return out
+
+    monkeypatch.setattr(ff, "mixed_precision_solve", recording)
+    return calls
+
+
+@pytest.mark.parametrize("d_scale", [1.0, 1e-3])
+def test_mixed_fresh_solve_has_a_float64_solves_accuracy(monkeypatch, d_scale):
+    """A well-conditioned fresh block (``cond <= |H|_inf / min d``, times float32's epsilon, at most the contraction
+    bound) is solved through a float32 factor refined in float64 to numpy's float64 solve, at a backward error of
+    float64's order; the factor is not kept (no update goes through a float32 factor)."""
+    calls = _mixed_calls(monkeypatch)
+    n = 600
+    K = _kernel(n, gamma=0.1)
+    gen = torch.Generator().manual_seed(4)
+    d = d_scale * (1.0 + torch.rand(n, generator=gen, dtype=torch.float64))
+    free = torch.arange(n)
+    V = torch.randn(n, 2, generator=gen, dtype=torch.float64)
+    factor = ff.FreeFactor(cholesky_shifted, mixed=True)
+    X = factor.solve(K, None, free, d, V)
+    assert len(calls) == 1 and calls[0] is not None and factor.held() is None
+    _check(K, d, free, V, X, 1e-12 if d_scale == 1.0 else 1e-10)
+    H = K + torch.diag(d)
+    backward = (V - H @ X).abs().max() / (V.abs().max() + H.abs().sum(1).max() * X.abs().max())
+    assert backward <= 1e-14
+
+
+def test_mixed_solve_declines_an_ill_conditioned_block_and_a_stalled_refinement(monkeypatch):
+    """A block whose conditioning bound is too large for float32 is factored in float64 at once (no float32 solve);
+    one whose refinements stop above the accepted backward error is solved again in float64. Both to numpy's
+    solve."""
+    calls = _mixed_calls(monkeypatch)
+    n = 500
+    K = _kernel(n, gamma=0.1)
+    free = torch.arange(n)
+    V = torch.randn(n, 1, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    d = torch.full((n,), 1e-6, dtype=torch.float64)  # |K|_inf / 1e-6 * 6e-8 >> 1
+    X = ff.FreeFactor(cholesky_shifted, mixed=True).solve(K, None, free, d, V)
+    assert calls == []
+    _check(K, d, free, V, X, 1e-6)
+    monkeypatch.setattr(ff, "MIXED_ACCEPTED", 0.0)  # no refinement reaches a zero residual
+    d = torch.ones(n, dtype=torch.float64)
+    factor = ff.FreeFactor(cholesky_shifted, mixed=True)
+    X = factor.solve(K, None, free, d, V)
+    assert len(calls) == 1 and factor.held() is not None  # the float64 factor is kept
+    _check(K, d, free, V, X, 1e-12)
+
+
+def test_squared_loss_fit_through_the_mixed_factor_is_kernel_ridge(monkeypatch):
+    """The exact squared loss (one active-set step on all of ``K + diag(1 / C)``) at n = 1200, above
+    ``MIXED_PRECISION_MIN``: its block is factored in float32 and refined, and the model is scikit-learn's
+    KernelRidge (``alpha = 1 / C``) to float64's accuracy; at a C whose bound rules float32 out, too."""
+    from sklearn.kernel_ridge import KernelRidge
+
+    calls, solve = [], ff.mixed_precision_solve
+    monkeypatch.setattr(ff, "mixed_precision_solve", lambda *a: calls.append(1) or solve(*a))
+    X, y = make_regression(n_samples=1200, n_features=5, noise=5.0, random_state=1)
+    X, y = (X - X.mean(0)) / X.std(0), (y - y.mean()) / y.std()
+    for C, mixed in [(10.0, True), (1e6, False)]:
+        calls.clear()
+        m = JokerRegressor(loss="squared", C=C, gamma=0.2, fit_intercept=False).fit(X, y)
+        krr = KernelRidge(alpha=1.0 / C, kernel="rbf", gamma=0.2).fit(X, y)
+        assert (len(calls) == 1) == mixed, C
+        # the predictions: at C = 10^6 the coefficients themselves are determined to about 1e-5 only (cond ~ 10^10)
+        np.testing.assert_allclose(m.predict(X), krr.predict(X), rtol=0, atol=1e-9)
