@@ -203,8 +203,8 @@ class _Column:
         self.intercept = intercept
         self.scale = float(diagK.mean()) if diagK.numel() else 1.0
         # a dual without a box or a kink (the squared loss) is solved by one step, whose block may factor in float32
-        unboxed = not self.kink and bool(torch.isinf(self.lo).all() and torch.isinf(self.hi).all())
-        self.factor = FreeFactor(cholesky_shifted, mixed=unboxed) if factor is None else factor
+        self.unboxed = not self.kink and bool(torch.isinf(self.lo).all() and torch.isinf(self.hi).all())
+        self.factor = FreeFactor(cholesky_shifted, mixed=self.unboxed) if factor is None else factor
         self.unrefined = False  # whether the last solve went through an (unrefined) factor update
         # the sets of the last step of the last round, when it ran out of steps without settling or cycling
         self.unsettled_sets = None
@@ -658,6 +658,9 @@ def active_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: 
             K = operator.gram(dtype)
             diagK = K.diagonal().clone()
             columns = [_Column(K, diagK, loss.column(t), Y[:, t], c_col, intercept) for t in range(T)]
+            if all(col.unboxed for col in columns):  # one step each on the same K + diag(1 / c): one factor for all
+                for col in columns[1:]:
+                    col.factor = columns[0].factor
             F = K @ alpha
             # no proximal term where the conjugate is strongly convex already (squared, Huber, squared hinge)
             sigma = [0.0 if bool((col.h > 0).all()) else SIGMA_START * col.scale for col in columns]
