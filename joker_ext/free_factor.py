@@ -78,6 +78,11 @@ def _cholesky(H: torch.Tensor) -> Optional[torch.Tensor]:
     return L if int(info) == 0 else None
 
 
+def _whole_residual(K: torch.Tensor, d: torch.Tensor):
+    """``(R, X) -> R - (K + diag(d)) X`` (float64, without forming ``K + diag(d)``)."""
+    return lambda R, X: R - K @ X - d.unsqueeze(1) * X
+
+
 def _lower(L: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
     return torch.linalg.solve_triangular(L, B, upper=False)
 
@@ -98,11 +103,12 @@ class FreeFactor:
         ``H -> L``, a Cholesky factorisation for a matrix that is not numerically positive definite (e.g.
         one that shifts the diagonal); a factor it returns is used once and not kept.
     mixed : bool
-        Solve large, well-conditioned fresh blocks through a float32 factor refined in float64
+        Solve large, well-conditioned fresh systems over all of ``K`` through a float32 factor refined in float64
         (:meth:`_mixed_solve`), which is not kept for updates: for problems solved by one step (a dual without a box
-        or a kink, the squared loss), where no update follows. A factor of the whole of ``K + diag(d)`` serves the
-        same system's next solves (another target column's right-hand side, the same ``d``) without factoring again. Huber and the squared hinge, whose later steps
-        update the factor, took 1.1-1.3x their time at n = 4000 when every step factored afresh in float32.
+        or a kink, the squared loss), where no update follows. Huber and the squared hinge, whose later steps
+        update the factor, took 1.1-1.3x their time at n = 4000 when every step factored afresh in float32. The
+        factor serves the same system's next solves (another target column's right-hand side, the same ``d``)
+        without factoring again.
     """
 
     def __init__(self, fallback: Callable[[torch.Tensor], torch.Tensor], mixed: bool = False):
@@ -131,8 +137,7 @@ class FreeFactor:
         holds."""
         if not fresh and self._whole32 is not None and free.numel() == K.shape[0] \
                 and torch.equal(d, self._whole32[1]):  # the system it factored last: refined through that factor
-            X = self._refined(self._whole32[0], lambda R, X: R - K @ X - d.unsqueeze(1) * X, V,
-                              self.residual_scale(K, free, d))
+            X = self._refined(self._whole32[0], _whole_residual(K, d), V, self.residual_scale(K, free, d))
             if X is not None:
                 self.updated = False
                 return X
@@ -156,16 +161,17 @@ class FreeFactor:
     def _fresh_solve(self, K, K_F, free, d, V):
         self.L0, self.rows = None, []  # the old factor goes before the new block is formed (peak: K, H, L)
         self._pin_W = self._pin_pos = self._whole32 = None
-        if free.numel() == K.shape[0]:
+        whole = free.numel() == K.shape[0]
+        X = self._mixed_solve(K, free, d, V) if self.mixed and whole else None
+        if X is not None:  # the float32 factor is not kept for updates: updated solves through it would need refining
+            self.L0 = self.U = self.d_U = None
+            self.fresh += 1
+            return X
+        if whole:
             H = K.clone()
         else:  # from the rows the caller gathered when there are (one gather instead of two)
             H = principal_block(K, free) if K_F is None else K_F.index_select(1, free)
         H.diagonal().add_(d[free])
-        X = self._mixed_solve(K, H, free, d, V) if self.mixed else None
-        if X is not None:  # the float32 factor is not kept: updated solves through it would need refining
-            self.L0 = self.U = self.d_U = None
-            self.fresh += 1
-            return X
         L = _cholesky(H)
         self.rows = []
         if L is None:
@@ -177,25 +183,27 @@ class FreeFactor:
         self.fresh += 1
         return cholesky_solve(V, L)
 
-    def _mixed_solve(self, K, H, free, d, V) -> Optional[torch.Tensor]:
-        """``H^{-1} V`` through a float32 factor of the float64 block ``H = H_FF`` refined in float64
-        (:class:`~joker_ext.dense.RefinedCholesky`: half the time of a float64 factorisation), for blocks of at
-        least :data:`~joker_ext.dense.MIXED_PRECISION_MIN` coordinates whose condition number is bounded well enough:
-        ``|H_FF|_inf / min(d_F)`` (``K`` is positive semidefinite, so ``lambda_min(H_FF) >= min(d_F)``) times
-        float32's epsilon at most :data:`~joker_ext.dense.MIXED_CONTRACTION`. None otherwise, or when the refinements
-        leave a backward error above :data:`MIXED_ACCEPTED`. Losses whose free block has no diagonal of its own (hinge,
-        epsilon-insensitive: ``d`` is the proximal weight alone) do not qualify; the squared loss (``d = 1 / c``),
-        Huber and the squared hinge do at moderate ``C n``."""
-        if H.dtype != torch.float64 or H.shape[0] < MIXED_PRECISION_MIN:
+    def _mixed_solve(self, K, free, d, V) -> Optional[torch.Tensor]:
+        """``(K + diag(d))^{-1} V`` over all of ``K`` (``free`` holds every index) through a float32 factor refined in
+        float64 (:class:`~joker_ext.dense.RefinedCholesky`: half the time of a float64 factorisation; the float32
+        matrix is formed from ``K`` directly, so the float64 ``H`` is never made), for systems of at least
+        :data:`~joker_ext.dense.MIXED_PRECISION_MIN` rows whose condition number is bounded well enough:
+        ``|H|_inf / min(d)`` (``K`` is positive semidefinite, so ``lambda_min(H) >= min(d)``) times float32's epsilon
+        at most :data:`~joker_ext.dense.MIXED_CONTRACTION`. None otherwise, or when the refinements leave a backward
+        error above :data:`MIXED_ACCEPTED`. The factor is kept for the same system's next solves."""
+        if K.dtype != torch.float64 or K.shape[0] < MIXED_PRECISION_MIN:
             return None
-        smallest, norm_H = float(d[free].min()), self.residual_scale(K, free, d)
+        smallest, norm_H = float(d.min()), self.residual_scale(K, free, d)
         if not smallest > 0 or norm_H / smallest * torch.finfo(torch.float32).eps > MIXED_CONTRACTION:
             return None
-        L32, info = cholesky_ex(H.to(torch.float32))
+        H32 = K.to(torch.float32)
+        H32.diagonal().add_(d.to(torch.float32))
+        L32, info = cholesky_ex(H32)
+        del H32
         if int(info) != 0:
             return None
-        X = self._refined(L32, lambda R, X: R - H @ X, V, norm_H)
-        if X is not None and free.numel() == K.shape[0]:
+        X = self._refined(L32, _whole_residual(K, d), V, norm_H)
+        if X is not None:
             self._whole32 = (L32, d.clone())
         return X
 
