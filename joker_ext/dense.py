@@ -36,12 +36,12 @@ from __future__ import annotations
 import contextlib
 import threading
 from functools import lru_cache
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 
 __all__ = ["MIXED_CONTRACTION", "MIXED_PRECISION_MIN", "RefinedCholesky", "cholesky_ex", "cholesky_shifted",
-           "cholesky_solve", "mixed_precision_solve", "scipy_blas_on_one_thread"]
+           "cholesky_solve", "scipy_blas_on_one_thread"]
 
 
 def _scipy_potrf(dtype: torch.dtype):
@@ -200,16 +200,3 @@ class RefinedCholesky:
     def _solve32(self, R: torch.Tensor) -> torch.Tensor:
         return cholesky_solve(R.to(torch.float32), self.L).to(R.dtype)
 
-
-def mixed_precision_solve(H32: torch.Tensor, residual, V: torch.Tensor,
-                          refinements: int) -> Optional[Tuple[torch.Tensor, float]]:
-    """``(X, r)``: ``X = H^{-1} V`` in the precision of ``V`` through a float32 factor of ``H`` (``H32``: ``H`` rounded
-    to float32), refined while a refinement shrinks the residual (:class:`RefinedCholesky`, at most ``refinements``
-    times), and ``r = max |V - H X| / max |V|``, for the caller to accept or to factor ``H`` in float64 instead; None
-    when ``H32`` is not numerically positive definite. ``residual``: ``(R, X) -> R - H X`` in ``V``'s precision."""
-    L, info = cholesky_ex(H32)
-    if int(info) != 0:
-        return None
-    solver = RefinedCholesky(L, residual, refinements, 0.0)
-    X = solver.solve(V)
-    return X, solver.residual

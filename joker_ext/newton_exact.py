@@ -70,7 +70,8 @@ from typing import Optional
 import torch
 
 from .active_set import active_set
-from .dense import MIXED_CONTRACTION, MIXED_PRECISION_MIN, cholesky_shifted, cholesky_solve, mixed_precision_solve
+from .dense import (MIXED_CONTRACTION, MIXED_PRECISION_MIN, RefinedCholesky, cholesky_ex, cholesky_shifted,
+                    cholesky_solve)
 from .engines import Monitor, at_rounding_floor, exact_compute_dtype, register_solver, sigint_as_flag, start_intercept
 from .intercept import feasible_dual
 from .losses import Loss
@@ -206,11 +207,13 @@ class _Column:
             if self.K_inf is None:
                 self.K_inf = float(torch.linalg.matrix_norm(K, ord=math.inf))
             if (1.0 + float(root.max()) ** 2 * self.K_inf) * torch.finfo(torch.float32).eps <= MIXED_CONTRACTION:
-                scale = root.unsqueeze(1)
-                out = mixed_precision_solve(_scaled_system(K, root, torch.float32),
-                                            lambda R, X: R - X - scale * (K @ (scale * X)), V, REFINEMENTS)
-                if out is not None and out[1] <= REFINED:
-                    return out[0]
+                L, info = cholesky_ex(_scaled_system(K, root, torch.float32))
+                if int(info) == 0:
+                    scale = root.unsqueeze(1)
+                    solver = RefinedCholesky(L, lambda R, X: R - X - scale * (K @ (scale * X)), REFINEMENTS, 0.0)
+                    X = solver.solve(V)
+                    if solver.residual <= REFINED:
+                        return X
         L = cholesky_shifted(_scaled_system(K, root, K.dtype))
         return cholesky_solve(V, L)
 

@@ -15,7 +15,7 @@ from joker_ext.operators import ExactOperator, FeatureOperator
 from joker_ext.primal_newton import feature_newton
 from joker_ext.solver import SolverOptions
 
-from conftest import PARAMS, cvxpy_primal, make_binary, make_regression
+from conftest import PARAMS, cvxpy_primal, make_binary, make_regression, spy
 
 F64 = torch.float64
 SMOOTH = ["squared", "huber", "squared_hinge", "logistic"]
@@ -102,8 +102,7 @@ def test_exact_newton_logistic_is_scikit_learn_logistic_regression_in_a_few_prim
 
     monkeypatch.setattr(newton_exact, "MIXED_PRECISION_MIN", 1 if mixed else 10**9)
     mixed_solves = []
-    solve = newton_exact.mixed_precision_solve
-    monkeypatch.setattr(newton_exact, "mixed_precision_solve", lambda *a: mixed_solves.append(1) or solve(*a))
+    monkeypatch.setattr(newton_exact, "RefinedCholesky", spy(newton_exact.RefinedCholesky, mixed_solves))
 
     from sklearn.datasets import make_classification
 
