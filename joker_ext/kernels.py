@@ -71,6 +71,12 @@ __all__ = [
 ]
 
 KERNEL_FAMILIES = ("gaussian", "laplacian", "laplacian_l1", "matern")
+#: Pairs whose squared distance from the Gram form is at most this many units of its rounding
+#: (``eps (max |a|^2 + max |b|^2)``, float64) are recomputed from their differences
+#: (:meth:`StationaryKernel.scaled_distance`), ``NEAR_PAIRS_CHUNK`` pairs at a time. Elsewhere the distance's error is then at most about
+#: ``sqrt(eps (|a|^2 + |b|^2) / NEAR_PAIRS)``: 1e-11 for points of norm 2.
+NEAR_PAIRS = 1e6
+NEAR_PAIRS_CHUNK = 2**16
 MATERN_NUS = (0.5, 1.5, 2.5)
 
 ArrayLike = Union[torch.Tensor, np.ndarray, Sequence[float], float]
@@ -388,17 +394,33 @@ class StationaryKernel(SpectralKernel):
         return A - mean, B - mean
 
     def scaled_distance(self, X1: torch.Tensor, X2: torch.Tensor) -> torch.Tensor:
-        """Distances between scaled points: squared L2 (gaussian), L1 (laplacian_l1) or L2 (others)."""
+        """Distances between scaled points: squared L2 (gaussian), L1 (laplacian_l1) or L2 (others).
+
+        The squared L2 distances come from a centred Gram product, ``|a|^2 + |b|^2 - 2 a.b``: matmul-fast, and
+        accurate to ``eps (|a|^2 + |b|^2)``. That suffices for the Gaussian's ``exp(-r^2 / 2)``, but a square root
+        magnifies it near zero to ``sqrt(eps) |a|``: the Laplacian kernel's diagonal was off by 7e-8 in float64 and
+        2e-3 in float32 (|a| ~ 2). So the L2 families (laplacian, matern) form the squared distances in float64
+        whatever the inputs' dtype (as scikit-learn's ``euclidean_distances`` does for float32) and recompute the
+        pairs closer than :data:`NEAR_PAIRS` units of that rounding (the diagonal, near-duplicates) from their
+        differences; their distances are returned in the inputs' dtype."""
         if self.family == "laplacian_l1":
             return torch.cdist(self.scale_inputs(X1), self.scale_inputs(X2), p=1.0)
-        # Squared distances through a centred Gram product: accurate and matmul-fast.
-        A, B = self._centred(X1, X2)
+        root = self.family != "gaussian"
+        A, B = self._centred(X1.double(), X2.double()) if root else self._centred(X1, X2)
         # in place on the product: one n1 x n2 allocation (large blocks are memory-bound)
-        sq = (A @ B.T).mul_(-2.0).add_((A * A).sum(1, keepdim=True)).add_((B * B).sum(1).unsqueeze(0))
+        norms_a, norms_b = (A * A).sum(1, keepdim=True), (B * B).sum(1)
+        sq = (A @ B.T).mul_(-2.0).add_(norms_a).add_(norms_b.unsqueeze(0))
         sq.clamp_(min=0.0)
-        if self.family == "gaussian":
+        if not root:
             return sq
-        return sq.sqrt_()
+        if sq.numel():
+            bound = NEAR_PAIRS * torch.finfo(sq.dtype).eps * float(norms_a.max() + norms_b.max())
+            i, j = torch.nonzero(sq <= bound, as_tuple=True)
+            for s in range(0, i.numel(), NEAR_PAIRS_CHUNK):
+                ii, jj = i[s:s + NEAR_PAIRS_CHUNK], j[s:s + NEAR_PAIRS_CHUNK]
+                diff = A[ii] - B[jj]
+                sq[ii, jj] = (diff * diff).sum(1)
+        return sq.sqrt_().to(X1.dtype)
 
     def _gaussian_block(self, X1: torch.Tensor, X2: torch.Tensor) -> torch.Tensor:
         """``exp(-|a - b|^2 / 2)`` of the scaled points as ``exp(min(0, a.b - |a|^2 / 2 - |b|^2 / 2))``: the block
