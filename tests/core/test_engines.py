@@ -1425,6 +1425,55 @@ def test_box_qp_engines_merge_duplicate_rows_into_the_same_problem(solver, name,
     np.testing.assert_allclose(merged, ref.alpha[:, 0].numpy(), rtol=0, atol=1e-12 * float(np.abs(c_m).max()))
 
 
+def test_rows_equal_up_to_their_last_bits_are_merged_as_duplicates():
+    """Copies whose inputs differ in their last bits (a relative change of a few units of rounding) are the same
+    row to the engines; copies with another target, or farther apart (1e-9), are not."""
+    from joker_ext.active_set import merge_duplicate_rows
+
+    g = np.random.default_rng(3)
+    X = 3.0 + g.standard_normal((60, 4))
+    y = np.sign(g.standard_normal(60))
+    wiggle = 1.0 + 4 * np.finfo(float).eps * g.choice([-1.0, 1.0], size=(20, 4))
+    # (the copies, their targets, the rows left after the merge)
+    cases = {"last bits": (X[:20] * wiggle, y[:20], 60), "other target": (X[:20] * wiggle, -y[:20], 80),
+             "1e-9 apart": (X[:20] * (1 + 1e-9), y[:20], 80)}
+    for case, (X_copy, y_copy, groups) in cases.items():
+        X_all, y_all = np.concatenate([X, X_copy]), np.concatenate([y, y_copy])
+        # the copies interleaved with the rows (the order must not matter)
+        perm = g.permutation(80)
+        op = ExactOperator(GaussianKernel(1.0), BlockData(torch.as_tensor(X_all[perm]), F64, torch.device("cpu")))
+        merged, Y_m, c_m, _, expand = merge_duplicate_rows(op, torch.as_tensor(y_all[perm]).reshape(-1, 1),
+                                                           torch.ones(80, dtype=F64), None)
+        assert Y_m.shape[0] == groups, case
+        assert float(c_m.sum()) == 80.0
+
+
+def test_working_set_on_rows_equal_up_to_their_last_bits_matches_cvxpy():
+    """Epsilon-insensitive with the intercept, a third of the rows copied with a change in their last bits: the
+    same fit as on exact copies (which are merged), at cvxpy's optimum of the data as given. Kept apart, such
+    copies made the free block singular and the working set ran to its iteration budget."""
+    pytest.importorskip("cvxpy")
+    loss, X, y = _problem("epsilon_insensitive", n=150, seed=2)
+    copies = np.random.default_rng(2).choice(150, 50, replace=False)
+    wiggle = 1.0 + 2 * np.finfo(float).eps * np.random.default_rng(4).choice([-1.0, 1.0], size=(50, X.shape[1]))
+    kernel = GaussianKernel(1.0)
+    c = torch.full((200,), 10.0, dtype=F64)
+    engine = get_solver("working_set", "exact")
+    fits = {}
+    for case, X_copy in [("exact", X[copies]), ("last bits", X[copies] * wiggle)]:
+        X_all = np.concatenate([X, X_copy])
+        op = ExactOperator(kernel, BlockData(torch.as_tensor(X_all), F64, torch.device("cpu")))
+        fits[case] = engine(op, torch.as_tensor(np.concatenate([y, y[copies]])).reshape(-1, 1), loss, c,
+                            SolverOptions(tol=1e-13, max_iter=300), intercept=True)
+        assert fits[case].status == "converged", case
+    assert fits["last bits"].n_iter == fits["exact"].n_iter
+    X_all = np.concatenate([X, X[copies] * wiggle])
+    K = kernel(torch.as_tensor(X_all), torch.as_tensor(X_all)).numpy()
+    ref = cvxpy_primal("epsilon_insensitive", K, np.concatenate([y, y[copies]]), c.numpy(), intercept=True)
+    assert fits["last bits"].primal == pytest.approx(ref, rel=1e-7)
+    assert fits["last bits"].primal == pytest.approx(fits["exact"].primal, rel=1e-12)
+
+
 def test_duplicate_rows_with_an_invalid_weight_are_refused_as_given():
     """The merge must not hide a bad weight inside a positive group sum: c = (2, -1) on two identical rows."""
     loss = get_loss("hinge")
