@@ -107,6 +107,11 @@ STALL_PATIENCE = 3
 #: 'stalled' (working set: fits that reach the floor later had such runs of up to 7 iterations, every second one
 #: repeating the subproblem it had just solved: absolute and pinball, n = 300-1500, C = 1000).
 NOISE_PATIENCE = 10
+#: Iterations in a row without the gap halving after which a fit whose gap is below the warning level
+#: (:data:`~joker_ext.defaults.CONVERGENCE_WARN_GAP`) stops as 'stalled', whether or not its subproblems were solved
+#: exactly: inputs the kernel can hardly tell apart (rows 1e-12 apart with the same target; a linear kernel) left the
+#: working set repeating one subproblem at a gap of 2e-13 to 2e-8 until ``max_iter`` (240 iterations, 3-50 s).
+FLAT_PATIENCE = 30
 #: A gap within this many times the estimated rounding noise is rounding noise (the errors are not independent: the
 #: gaps at which fits stopped improving were 0.06x to 1.1x the estimate, absolute, pinball and epsilon-insensitive
 #: at n = 300-3000, C = 1000-10^5).
@@ -140,6 +145,7 @@ class GapStall:
         self.tol, self.dtype, self.c = tol, dtype, c.reshape(-1, 1)
         self.best = math.inf  # the smallest gap so far
         self.count = 0
+        self.flat = 0  # iterations since the gap last halved
 
     def __call__(self, rec: dict, exact: bool, alpha: torch.Tensor, product) -> Optional[str]:
         """'converged', 'stalled' or None after the record ``rec`` of ``alpha`` (``exact``: every open column's last
@@ -147,6 +153,9 @@ class GapStall:
         rel = rec["rel_gap"]
         falling = rel <= 0.5 * self.best
         self.best = min(self.best, rel)
+        self.flat = 0 if falling else self.flat + 1
+        if rel <= CONVERGENCE_WARN_GAP and self.flat >= FLAT_PATIENCE:
+            return "stalled"
         if falling or not exact or rel > CONVERGENCE_WARN_GAP:
             self.count = 0
             return None
