@@ -399,7 +399,7 @@ class StationaryKernel(SpectralKernel):
         The squared L2 distances come from a centred Gram product, ``|a|^2 + |b|^2 - 2 a.b``: matmul-fast, and
         accurate to ``eps (|a|^2 + |b|^2)``. That suffices for the Gaussian's ``exp(-r^2 / 2)``, but a square root
         magnifies it near zero to ``sqrt(eps) |a|``: the Laplacian kernel's diagonal was off by 7e-8 in float64 and
-        2e-3 in float32 (|a| ~ 2). So the L2 families (laplacian, matern) form the squared distances in float64
+        2e-3 in float32 (``|a| ~ 2``). So the L2 families (laplacian, matern) form the squared distances in float64
         whatever the inputs' dtype (as scikit-learn's ``euclidean_distances`` does for float32) and recompute the
         pairs closer than :data:`NEAR_PAIRS` units of that rounding (the diagonal, near-duplicates) from their
         differences; their distances are returned in the inputs' dtype."""
