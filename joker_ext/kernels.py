@@ -73,8 +73,8 @@ __all__ = [
 KERNEL_FAMILIES = ("gaussian", "laplacian", "laplacian_l1", "matern")
 #: Pairs whose squared distance from the Gram form is at most this many units of its rounding
 #: (``eps (max |a|^2 + max |b|^2)``, float64) are recomputed from their differences
-#: (:meth:`StationaryKernel.scaled_distance`), ``NEAR_PAIRS_CHUNK`` pairs at a time. Elsewhere the distance's error is then at most about
-#: ``sqrt(eps (|a|^2 + |b|^2) / NEAR_PAIRS)``: 1e-11 for points of norm 2.
+#: (:meth:`StationaryKernel.scaled_distance`), ``NEAR_PAIRS_CHUNK`` pairs at a time. Elsewhere the distance's error
+#: is then at most about ``sqrt(eps (|a|^2 + |b|^2) / NEAR_PAIRS)``: 1e-11 for points of norm 2.
 NEAR_PAIRS = 1e6
 NEAR_PAIRS_CHUNK = 2**16
 MATERN_NUS = (0.5, 1.5, 2.5)
