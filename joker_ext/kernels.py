@@ -414,7 +414,7 @@ class StationaryKernel(SpectralKernel):
         if not root:
             return sq
         if sq.numel():
-            bound = NEAR_PAIRS * torch.finfo(sq.dtype).eps * float(norms_a.max() + norms_b.max())
+            bound = NEAR_PAIRS * torch.finfo(sq.dtype).eps * float(norms_a.detach().max() + norms_b.detach().max())
             i, j = torch.nonzero(sq <= bound, as_tuple=True)
             for s in range(0, i.numel(), NEAR_PAIRS_CHUNK):
                 ii, jj = i[s:s + NEAR_PAIRS_CHUNK], j[s:s + NEAR_PAIRS_CHUNK]
