@@ -215,12 +215,17 @@ class _Column:
         self.total = float(total)
         self.intercept = intercept
         self.scale = float(diagK.mean()) if diagK.numel() else 1.0
-        # a dual without a box or a kink (the squared loss) is solved by one step, whose block may factor in float32
-        self.unboxed = not self.kink and bool(torch.isinf(self.lo).all() and torch.isinf(self.hi).all())
         self.factor = FreeFactor(cholesky_shifted, mixed=self.unboxed) if factor is None else factor
         self.unrefined = False  # whether the last solve went through an (unrefined) factor update
         # the sets of the last step of the last round, when it ran out of steps without settling or cycling
         self.unsettled_sets = None
+
+    @property
+    def unboxed(self) -> bool:
+        """Whether the dual has neither a box nor a kink (the squared loss): one step solves it, and its block may
+        factor in float32. Read where a column makes its own factor, not for every working-set subproblem (the
+        test is two reductions and, on a GPU, a synchronisation)."""
+        return not self.kink and bool(torch.isinf(self.lo).all() and torch.isinf(self.hi).all())
 
     # ------------------------------------------------------------------ one active-set step
     def predict(self, a, f, b: float, s, abar):
