@@ -713,6 +713,40 @@ def test_working_set_with_most_support_vectors_free_reaches_libsvm(monkeypatch, 
     assert primal(a, f) <= primal(a_ref, f_ref) * (1 + 1e-9)
 
 
+def test_working_set_cap_takes_a_free_set_that_exact_subproblems_leave_beyond_it(monkeypatch):
+    """The absolute loss with a narrow kernel interpolates: every coordinate is free at the solution, 25 times what
+    the first cap (2 q = 24) admits. A free set that an exact subproblem solve left beyond the cap doubles it at once
+    (before: only after three cuts in a row, three subproblems per doubling): cvxpy's optimum, with about one
+    subproblem per doubling."""
+    import joker_ext.working_set as ws
+
+    n, C = 300, 10.0
+    X, y = make_regression(n, d=3, seed=5)
+    sigma = 0.15  # a narrow kernel: K near the identity, every residual zero at the solution
+    sizes = []
+    subproblem = ws._subproblem
+
+    def recording(col, K_BB, B, *args):
+        sizes.append(B.numel())
+        return subproblem(col, K_BB, B, *args)
+
+    monkeypatch.setattr(ws, "_subproblem", recording)
+    op = ExactOperator(GaussianKernel(sigma), BlockData(torch.as_tensor(X), F64, torch.device("cpu")))
+    loss = get_loss("absolute")
+    res = ws.working_set(op, torch.as_tensor(y).reshape(-1, 1), loss, torch.full((n,), C, dtype=F64),
+                         SolverOptions(max_iter=200, tol=1e-11), intercept=True, working_set_size=12)
+    assert res.status == "converged" and res.rel_gap <= 1e-11
+    a = res.alpha[:, 0]
+    assert int(((a.abs() > 0) & (a.abs() < C)).sum()) >= 0.9 * n  # the free set outgrew the cap five times
+    K = op.kernel(torch.as_tensor(X), torch.as_tensor(X)).numpy()
+    a = a.numpy()
+    f = K @ a + float(res.state["intercept"][0])
+    ours = 0.5 * a @ K @ a + C * np.abs(y - f).sum()
+    ref = cvxpy_primal("absolute", K, y, np.full(n, C), intercept=True)
+    assert abs(ours - ref) <= 1e-6 * abs(ref)
+    assert len(sizes) <= 12, sizes  # about one subproblem per doubling of the cap (24 -> 384), then the finish
+
+
 def test_working_set_stops_at_the_rounding_floor_of_the_default_tolerance():
     """At the estimators' default tol (1e-14, below the gap's rounding floor on an ill-conditioned problem) the
     working set stops as converged once its exact subproblem solves stop lowering the gap, at LIBSVM's optimum,
