@@ -20,8 +20,9 @@ margin) take values that a linear system decides. The engine reads ``K`` through
    the decomposition crawl, so the set grows with the free set; the cap keeps a transient free set (the
    coordinates a large proximal weight left on their way to a bound) from making subproblems of
    thousands of coordinates (hinge at n = 10^4: a 3,000-coordinate subproblem took 4.7 s). A free set that
-   stays beyond the cap for ``CAP_PATIENCE`` outer iterations, or that an exact subproblem solve left beyond it,
-   is the solution's own: the cap doubles.
+   stays beyond the cap for ``CAP_PATIENCE`` outer iterations is the solution's own: the cap doubles. One that an
+   exact subproblem solve left beyond it, at about the size it had before (``STABLE_FREE``), is the solution's own
+   at once: the cap grows to hold it whole.
 3. **Subproblem** on ``B`` with the others fixed: the same problem on ``K_BB`` with the linear term
    shifted by ``K_BN alpha_N`` and ``sum alpha_B`` kept. A set of mostly free coordinates (the problem
    restricted to its support vectors) is solved exactly by the interior-point method of
@@ -111,13 +112,17 @@ MAX_SET_FACTOR = 2
 #: Outer iterations in a row whose working set the cap cut before the cap doubles (10 kept problems whose free set
 #: is a third to all of the support vectors at subproblems of half their free set for 10 iterations per doubling:
 #: 3 took such fits (d = 20, n = 4000) to 0.68-0.87x of 10's time; with the quick steps' rule below as well, d = 20
-#: fits took 0.22-0.44x their earlier time at n = 4000-10,000). A cut that follows an exact subproblem solve counts
-#: ``CAP_PATIENCE`` at once: no proximal weight left its free coordinates there, so they are the solution's (absolute
-#: loss, n = 10,000, d = 50, gamma = 0.12, all 10,000 coordinates free at the end: 19 iterations and 22.8 s -> 8 and
-#: 10.6 s, through caps 1024 ... 32768; hinge and epsilon-insensitive on twelve problems, n = 4000-10,000: 0.92x the
-#: time, 0.65-0.83x where the free set runs to thousands; pinball at n = 4000, gamma = 0.68: 1.46x, whose larger
-#: subproblems went to the interior point).
+#: fits took 0.22-0.44x their earlier time at n = 4000-10,000).
 CAP_PATIENCE = 3
+#: A free set beyond the cap that an exact subproblem solve left within this share of its size at the last outer
+#: iteration is the solution's own: the cap grows at once to hold it whole. (Doubling at every cut after an exact
+#: solve also took the free sets still growing by their violators into subproblems of thousands, which the interior
+#: point solved: epsilon-insensitive at n = 10,000, d = 20, 1.33x the time.) Measured against three cuts per
+#: doubling alone: absolute loss, n = 10,000, d = 50, gamma = 0.12, all 10,000 coordinates free at the end, 22.4 s ->
+#: 12.4 s (it took three subproblems of 8,192 coordinates at each of the caps 16,384 and 32,768); pinball at
+#: n = 10,000, C = 208, 23.2 s -> 14.8 s; hinge and epsilon-insensitive at gamma = 2 (n = 4000) 0.75x and 0.53x;
+#: eleven hinge and epsilon-insensitive problems at gamma <= 0.5 within the noise (0.95x the time overall).
+STABLE_FREE = 0.05
 #: Factor by which the smallest proximal weight a column's subproblems may take (raised by a cycle) falls per subproblem.
 FLOOR_DECAY = 3.0
 #: Proximal weight (times the kernel's diagonal) at which a cycling subproblem falls back to projected Newton.
@@ -252,13 +257,12 @@ def _select(col: _Column, a, bounds, q: int, intercept: bool, b: float = 0.0, ca
     set crawls) - but to ``cap`` (``MAX_SET_FACTOR q`` unless given) at most: beyond, the free coordinates farthest from their
     optimality at the intercept ``b`` are taken (a large transient free set, of coordinates on their way
     to a bound, made subproblems of thousands of coordinates). ``bounds``: :meth:`_Column.intercept_bounds`
-    at ``a``. Returns the set and the number of free coordinates (the cap cut them where twice that exceeds it)."""
+    at ``a`` (the cap cuts the free coordinates where twice their number exceeds it)."""
     lower, upper = bounds
     n = a.numel()
     free = torch.nonzero(_free(col, a)).reshape(-1)
-    n_free = free.numel()
     cap = MAX_SET_FACTOR * q if cap is None else cap
-    if 2 * n_free > cap:  # a free coordinate is optimal at b = lower = upper
+    if 2 * free.numel() > cap:  # a free coordinate is optimal at b = lower = upper
         free = free[torch.topk((lower[free] - b).abs(), cap // 2).indices]
     budget = min(n, max(q, 2 * free.numel())) - free.numel()
     if intercept:
@@ -269,7 +273,7 @@ def _select(col: _Column, a, bounds, q: int, intercept: bool, b: float = 0.0, ca
     else:
         violation = torch.maximum(lower, -upper).clamp_min(0)
         chosen = torch.topk(violation, min(max(1, budget), n)).indices
-    return torch.unique(torch.cat([free, chosen])), n_free
+    return torch.unique(torch.cat([free, chosen]))
 
 
 def _best_intercept(bounds, b_sub: float) -> float:
@@ -449,7 +453,7 @@ def _decompose(src: _KernelRows, diagK, loss: Loss, Y, c_col, alpha, F, intercep
     scale = columns[0].scale
     sigma = [SIGMA_START * scale] * T
     floor = [SIGMA_FLOOR * scale] * T
-    cap, cuts = [MAX_SET_FACTOR * q] * T, [0] * T
+    cap, cuts, last_free = [MAX_SET_FACTOR * q] * T, [0] * T, [0] * T
     # each column's intercept intervals at its current point (the next working set and b come from them)
     bounds = [col.intercept_bounds(alpha[:, t], F[:, t] + col.h * alpha[:, t] - col.lin)
               for t, col in enumerate(columns)]
@@ -462,7 +466,15 @@ def _decompose(src: _KernelRows, diagK, loss: Loss, Y, c_col, alpha, F, intercep
 
     def solve_column(t: int, col: _Column) -> None:
         a = alpha[:, t]
-        B, n_free = _select(col, a, bounds[t], q, intercept, float(b_all[t]), cap[t])
+        n_free = int(_free(col, a).sum())
+        if exact[t] and 2 * n_free > cap[t] and abs(n_free - last_free[t]) <= STABLE_FREE * n_free:
+            # an exact subproblem solve left the free set beyond the cap, about as large as before it: the solution's
+            # own free set, taken whole at once
+            while 2 * n_free > cap[t]:
+                cap[t] *= 2
+            cuts[t] = 0
+        last_free[t] = n_free
+        B = _select(col, a, bounds[t], q, intercept, float(b_all[t]), cap[t])
         mostly_free = 2 * int(_free(col, a, B).sum()) >= B.numel()
         # the points whose block the column's free-block factor holds (numbered in its last subproblem's set)
         held = None if factors[t].held() is None else last_set[t][factors[t].held()]
@@ -478,12 +490,8 @@ def _decompose(src: _KernelRows, diagK, loss: Loss, Y, c_col, alpha, F, intercep
         if repeat[t]:
             return
         last_set[t] = B
-        # a free set that stays beyond the cap is the solution's: the cap doubles after CAP_PATIENCE cuts, or at once
-        # when the free set that outgrew it came from an exact subproblem solve (no proximal weight left it there)
-        if 2 * n_free <= cap[t]:
-            cuts[t] = 0
-        else:
-            cuts[t] += CAP_PATIENCE if exact[t] else 1
+        # a free set that stays beyond the cap is the solution's: the cap doubles after CAP_PATIENCE cuts
+        cuts[t] = cuts[t] + 1 if 2 * n_free > cap[t] else 0
         if cuts[t] >= CAP_PATIENCE:
             cap[t], cuts[t] = 2 * cap[t], 0
         K_BB = src.block(B)
