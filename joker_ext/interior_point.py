@@ -21,7 +21,7 @@ keeps ``Q + D`` definite). Its answer lies strictly inside the box; the caller s
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -53,7 +53,7 @@ def _step_length(x: torch.Tensor, dx: torch.Tensor) -> float:
 def solve_box_qp(Q, lin: torch.Tensor, kink: float, lo: torch.Tensor, hi: torch.Tensor,
                  total: Optional[float] = None,
                  tol: float = COMPLEMENTARITY_TOL, probe: Optional[Callable[[torch.Tensor, float], bool]] = None,
-                 probe_tol: float = 0.0) -> Tuple[torch.Tensor, float, int, bool]:
+                 probe_tol: Union[float, Sequence[float]] = 0.0) -> Tuple[torch.Tensor, float, int, bool]:
     """Solve the box QP of the module docstring.
 
     Parameters
@@ -71,9 +71,12 @@ def solve_box_qp(Q, lin: torch.Tensor, kink: float, lo: torch.Tensor, hi: torch.
     tol : float
         Relative complementarity at which it stops (the dual residual's tolerance is ``max(tol, RESIDUAL_TOL)``).
     probe : callable, optional
-        ``probe(a, eta) -> bool``, called once, at the first iterate whose relative complementarity is at most
+        ``probe(a, eta) -> bool``, called at the first iterate whose relative complementarity is at most
         ``probe_tol``: True stops the solver there (the caller has finished the problem from that iterate, e.g.
         by active-set steps from the sets it predicts), and ``(a, eta, iterations, True)`` is returned.
+    probe_tol : float or sequence of float
+        The level, or levels: after a False the probe is called again at the first iterate past the next level
+        that the iterate it saw had not yet passed.
 
     Returns
     -------
@@ -193,6 +196,7 @@ def box_qp_iterates(Q, lin: torch.Tensor, kink: float, lo: torch.Tensor, hi: tor
     arguments are those of :func:`solve_box_qp`, with ``lo < hi`` everywhere; the iterations start at ``start`` of
     each variable's box (a fraction of its width from its lower end; a split coordinate's two parts alike)."""
     m = lin.numel()
+    probe_levels = sorted(probe_tol, reverse=True) if isinstance(probe_tol, (tuple, list)) else [probe_tol]
     var = _Variables(lo, hi, kink)
     u, v = start * var.Wu, start * var.Wv
     z = [torch.ones_like(lo) for _ in range(4)]  # multipliers of u >= 0, u <= Wu, v >= 0, v <= Wv
@@ -213,10 +217,11 @@ def box_qp_iterates(Q, lin: torch.Tensor, kink: float, lo: torch.Tensor, hi: tor
         r_v = var.vmask * (-ga - eta + kink - z[2] + z[3])
         r_p = 0.0 if total is None else float(a.sum()) - total
         yield it, a, eta, comp / max(1.0, abs(objective))
-        if probe is not None and comp <= probe_tol * max(1.0, abs(objective)):
+        if probe is not None and probe_levels and comp <= probe_levels[0] * max(1.0, abs(objective)):
             if probe(a, eta):
                 return a, eta, it, True
-            probe = None
+            # the next probe at the first iterate past the next level not yet crossed
+            probe_levels = [p for p in probe_levels if comp > p * max(1.0, abs(objective))]
         if comp <= tol * max(1.0, abs(objective)) and abs(r_p) <= 1e-12 * scale * m \
                 and float(torch.maximum(r_u.abs().max(), r_v.abs().max())) <= max(tol, RESIDUAL_TOL) * scale:
             converged = True

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from joker_ext import interior_point
-from joker_ext.interior_point import solve_box_qp
+from joker_ext.interior_point import box_qp_iterates, solve_box_qp
 from joker_ext.kernels import GaussianKernel
 
 from conftest import spy
@@ -82,6 +82,36 @@ def test_solve_box_qp_reaches_the_cvxpy_optimum(case, seed, mixed, monkeypatch):
         # (the interior-point answer is within about 1e-6 of the bounds it is active on)
         inside = ((a > lo + 1e-4) & (a < hi - 1e-4) & (a.abs() > 1e-4)).numpy()
         np.testing.assert_allclose(g[inside] + kink * np.sign(a.numpy()[inside]), 0.0, atol=1e-6)
+
+
+def test_probe_levels_are_tried_in_turn_at_the_first_iterate_past_each():
+    """With several levels, a declined probe is called again at the first iterate past the next level (the iterates
+    read off the solver's own generator run without a probe), and the solve ends where a plain one does."""
+    K, lin, _ = _problem(60, 3)
+    lo, hi = torch.full((60,), -1.0, dtype=F64), torch.full((60,), 1.0, dtype=F64)
+    levels = (1e-2, 1e-5)
+    steps = box_qp_iterates(K, lin, 0.1, lo, hi, 0.0, tol=1e-11)
+    relative = []
+    while True:
+        try:
+            relative.append(next(steps)[3])
+        except StopIteration as done:
+            plain = done.value
+            break
+    first = next(i for i, r in enumerate(relative) if r <= levels[0])
+    second = next(i for i, r in enumerate(relative) if r <= levels[1])
+    assert first < second  # the problem crosses the two levels at different iterates
+    seen = []
+
+    def declining(a, eta):
+        seen.append(a.clone())
+        return False
+
+    probed = solve_box_qp(K, lin, 0.1, lo, hi, total=0.0, tol=1e-11, probe=declining, probe_tol=levels)
+    assert len(seen) == 2 and torch.equal(probed[0], plain[0]) and probed[2] == plain[2]
+    replay = box_qp_iterates(K, lin, 0.1, lo, hi, 0.0, tol=1e-11)
+    iterates = [next(replay)[1] for _ in range(second + 1)]
+    assert torch.equal(seen[0], iterates[first]) and torch.equal(seen[1], iterates[second])
 
 
 @pytest.mark.parametrize("fixed", [False, True])
