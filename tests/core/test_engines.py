@@ -663,6 +663,21 @@ def test_working_set_epsilon_insensitive_is_libsvm_svr():
     assert primal(m.alpha[:, 0].numpy(), f) <= primal(a_ref, f_ref) * (1 + 1e-9)
 
 
+def _recorded_subproblem_sizes(monkeypatch) -> list:
+    """The sizes of the working sets that :func:`joker_ext.working_set._subproblem` solves from now on (the list
+    fills as they are solved)."""
+    import joker_ext.working_set as ws
+
+    sizes, subproblem = [], ws._subproblem
+
+    def recording(col, K_BB, B, *args):
+        sizes.append(B.numel())
+        return subproblem(col, K_BB, B, *args)
+
+    monkeypatch.setattr(ws, "_subproblem", recording)
+    return sizes
+
+
 @pytest.mark.parametrize("name", ["hinge", "epsilon_insensitive"])
 def test_working_set_with_most_support_vectors_free_reaches_libsvm(monkeypatch, name):
     """A problem whose free set outgrows the working set's cap several times (d = 20: most support vectors on the
@@ -683,14 +698,7 @@ def test_working_set_with_most_support_vectors_free_reaches_libsvm(monkeypatch, 
         y = (y - y.mean()) / y.std()
         ref, loss = SVR(C=C, gamma=gamma, epsilon=0.1, tol=1e-10), get_loss("epsilon_insensitive", epsilon=0.1)
     X = (X - X.mean(0)) / X.std(0)
-    sizes = []
-    subproblem = ws._subproblem
-
-    def recording(col, K_BB, B, *args):
-        sizes.append(B.numel())
-        return subproblem(col, K_BB, B, *args)
-
-    monkeypatch.setattr(ws, "_subproblem", recording)
+    sizes = _recorded_subproblem_sizes(monkeypatch)
     sigma = (0.5 / gamma) ** 0.5
     op = ExactOperator(GaussianKernel(sigma), BlockData(torch.as_tensor(X), F64, torch.device("cpu")))
     res = ws.working_set(op, torch.as_tensor(y).reshape(-1, 1), loss, torch.full((n,), C, dtype=F64),
@@ -729,14 +737,7 @@ def test_working_set_cap_takes_a_stable_free_set_that_exact_subproblems_leave_be
     first = ws.working_set(op, Y, loss, c, opts, intercept=True, working_set_size=12)
     a = first.alpha[:, 0]
     assert int(((a.abs() > 0) & (a.abs() < C)).sum()) >= 0.9 * n  # most coordinates free: 20x the first cap's 12
-    sizes = []
-    subproblem = ws._subproblem
-
-    def recording(col, K_BB, B, *args):
-        sizes.append(B.numel())
-        return subproblem(col, K_BB, B, *args)
-
-    monkeypatch.setattr(ws, "_subproblem", recording)
+    sizes = _recorded_subproblem_sizes(monkeypatch)
     res = ws.working_set(op, Y, loss, c, opts, alpha0=0.9 * first.alpha, intercept=True, working_set_size=12)
     assert res.status == "converged" and res.rel_gap <= 1e-11
     assert len(sizes) <= 5, sizes  # one cut subproblem, then the whole free set
