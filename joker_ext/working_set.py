@@ -263,17 +263,19 @@ def _free(col: _Column, a, idx: Optional[torch.Tensor] = None) -> torch.Tensor:
     return (a > lo) & (a < hi) & (a != 0)
 
 
-def _select(col: _Column, a, bounds, q: int, intercept: bool, b: float = 0.0, cap: Optional[int] = None):
+def _select(col: _Column, a, bounds, q: int, intercept: bool, b: float = 0.0, cap: Optional[int] = None,
+            is_free: Optional[torch.Tensor] = None):
     """The working set (sorted): the free coordinates (``lo < a_i < hi``, ``a_i != 0``) and the worst violators
     of the optimality conditions, at least as many as free ones, so that the set grows to ``2 |free|``
     when the free coordinates outnumber ``q / 2`` (a decomposition whose subproblems cannot hold the free
     set crawls) - but to ``cap`` (``MAX_SET_FACTOR q`` unless given) at most: beyond, the free coordinates farthest from their
     optimality at the intercept ``b`` are taken (a large transient free set, of coordinates on their way
     to a bound, made subproblems of thousands of coordinates). ``bounds``: :meth:`_Column.intercept_bounds`
-    at ``a`` (the cap cuts the free coordinates where twice their number exceeds it)."""
+    at ``a`` (the cap cuts the free coordinates where twice their number exceeds it); ``is_free``: :func:`_free` at
+    ``a`` when the caller has it."""
     lower, upper = bounds
     n = a.numel()
-    free = torch.nonzero(_free(col, a)).reshape(-1)
+    free = torch.nonzero(_free(col, a) if is_free is None else is_free).reshape(-1)
     cap = MAX_SET_FACTOR * q if cap is None else cap
     if 2 * free.numel() > cap:  # a free coordinate is optimal at b = lower = upper
         free = free[torch.topk((lower[free] - b).abs(), cap // 2).indices]
@@ -481,7 +483,8 @@ def _decompose(src: _KernelRows, diagK, loss: Loss, Y, c_col, alpha, F, intercep
 
     def solve_column(t: int, col: _Column) -> None:
         a = alpha[:, t]
-        n_free = int(_free(col, a).sum())
+        is_free = _free(col, a)
+        n_free = int(is_free.sum())
         if exact[t] and 2 * n_free > cap[t] and abs(n_free - last_free[t]) <= STABLE_FREE * n_free:
             # an exact subproblem solve left the free set beyond the cap, about as large as before it: the solution's
             # own free set, taken whole at once
@@ -489,8 +492,8 @@ def _decompose(src: _KernelRows, diagK, loss: Loss, Y, c_col, alpha, F, intercep
                 cap[t] *= 2
             cuts[t] = 0
         last_free[t] = n_free
-        B = _select(col, a, bounds[t], q, intercept, float(b_all[t]), cap[t])
-        mostly_free = 2 * int(_free(col, a, B).sum()) >= B.numel()
+        B = _select(col, a, bounds[t], q, intercept, float(b_all[t]), cap[t], is_free)
+        mostly_free = 2 * int(is_free[B].sum()) >= B.numel()
         # the points whose block the column's free-block factor holds (numbered in its last subproblem's set)
         held = None if factors[t].held() is None else last_set[t][factors[t].held()]
         if held is not None:  # the factor carries over when it holds little outside B
