@@ -19,6 +19,7 @@ products, ...)                                  scikit-learn kernel's own ``__ca
 pairwise name 'rbf' (gamma)                     gaussian with ``sigma = 1 / sqrt(2 gamma)``
 pairwise name 'laplacian' (gamma)               'laplacian_l1' with ``sigma = 1 / gamma`` (L1 distance!)
 other pairwise names ('linear', 'poly', ...)    :class:`SklearnPairwiseKernel` over ``pairwise_kernels``
+pairwise names 'sigmoid', 'additive_chi2'       refused: not positive semidefinite (:data:`INDEFINITE_METRICS`)
 =============================================== =====================================================
 
 scikit-learn's RBF is ``exp(-||x - y||^2 / (2 l^2))``, its Matern uses ``sqrt(2 nu) ||x - y|| / l`` and its
@@ -263,13 +264,39 @@ def translate_kernel(kernel) -> Kernel:
     return SklearnKernel(kernel)
 
 
+#: ``pairwise_kernels`` names whose kernel is not positive semidefinite, with the reason. The dual that joker_ext
+#: solves is convex, and its duality gap a certificate, only for a positive semidefinite kernel (LIBSVM runs these
+#: anyway and returns a stationary point of a nonconvex problem; joker_ext's Cholesky factorisations of the
+#: free block failed on them, with a LinAlgError that did not say why).
+INDEFINITE_METRICS = {
+    "sigmoid": "tanh(gamma <x, y> + coef0) has negative eigenvalues for every gamma > 0",
+    "additive_chi2": "-sum (x - y)^2 / (x + y) is only conditionally positive definite (its diagonal is 0)",
+}
+
+
+def _check_polynomial(params: dict) -> None:
+    """``(gamma <x, y> + coef0)^degree`` is positive semidefinite for ``gamma > 0``, ``coef0 >= 0`` and a whole
+    ``degree >= 0`` (a sum of powers of the linear kernel with nonnegative weights); refuse other values."""
+    degree, coef0, gamma = params.get("degree", 3), params.get("coef0", 1), params.get("gamma")
+    if not isinstance(degree, numbers.Real) or not math.isfinite(degree) or degree < 0 or degree != int(degree):
+        raise ValueError(f"pairwise_kernel('poly'): degree must be a whole number >= 0 (else the kernel is not "
+                         f"positive semidefinite), got {degree!r}")
+    if not isinstance(coef0, numbers.Real) or not math.isfinite(coef0) or coef0 < 0:
+        raise ValueError(f"pairwise_kernel('poly'): coef0 must be a number >= 0 (else the kernel is not positive "
+                         f"semidefinite), got {coef0!r}")
+    if gamma is not None and (not isinstance(gamma, numbers.Real) or not math.isfinite(gamma) or gamma <= 0):
+        raise ValueError(f"pairwise_kernel('poly'): gamma must be a positive number or None, got {gamma!r}")
+
+
 def pairwise_kernel(metric: str, **params) -> Kernel:
     """A joker_ext kernel for a ``sklearn.metrics.pairwise_kernels`` name and its parameters.
 
     ``'rbf'`` and ``'laplacian'`` become stationary kernels (random features available; note that
     scikit-learn's laplacian uses the L1 distance, joker_ext's 'laplacian_l1'); other names run
     ``pairwise_kernels`` itself in exact mode. ``gamma=None`` means scikit-learn's ``1 / n_features``,
-    which needs the data: pass gamma explicitly.
+    which needs the data: pass gamma explicitly. Names whose kernel is not positive semidefinite
+    (:data:`INDEFINITE_METRICS`: 'sigmoid', 'additive_chi2'), and 'poly' with a negative ``coef0`` or a
+    fractional ``degree``, are refused: the dual problem is convex only with a positive semidefinite kernel.
     """
     from sklearn.metrics.pairwise import PAIRWISE_KERNEL_FUNCTIONS
 
@@ -277,6 +304,12 @@ def pairwise_kernel(metric: str, **params) -> Kernel:
         raise ValueError(
             f"metric must be one of {sorted(PAIRWISE_KERNEL_FUNCTIONS)}, got {metric!r}"
         )
+    if metric in INDEFINITE_METRICS:
+        usable = sorted(set(PAIRWISE_KERNEL_FUNCTIONS) - set(INDEFINITE_METRICS))
+        raise ValueError(f"metric {metric!r} is not a positive semidefinite kernel ({INDEFINITE_METRICS[metric]}); "
+                         f"joker_ext's dual problem needs one: use one of {usable}")
+    if metric in ("poly", "polynomial"):
+        _check_polynomial(params)
     gamma: Optional[float] = params.get("gamma")
     if metric in ("rbf", "laplacian"):
         if gamma is None:

@@ -139,9 +139,13 @@ def cholesky_shifted(H: torch.Tensor) -> torch.Tensor:
         L, info = cholesky_ex(H)
         if int(info) == 0:
             return L
+        tried = shift
         H.diagonal().add_(step - shift)
         shift, step = step, step * 10.0
-    raise torch.linalg.LinAlgError("the Newton system could not be factored")
+    raise torch.linalg.LinAlgError(
+        f"the Newton system could not be factored: it is not positive definite even with its diagonal raised by "
+        f"{tried:.1e} ({tried / scale:.0e} of its largest entry); is the kernel positive semidefinite? (e.g. "
+        f"scikit-learn's 'sigmoid' kernel is not)")
 
 
 #: Order from which the engines factor float64 systems in float32 and refine the solves (:class:`RefinedCholesky`;

@@ -361,6 +361,34 @@ def test_sklearn_kernel_objects_translate():
     np.testing.assert_allclose(a.decision_function(X), b.decision_function(X), atol=1e-12)
 
 
+def test_pairwise_kernel_refuses_kernels_that_are_not_positive_semidefinite():
+    """scikit-learn's 'sigmoid' and 'additive_chi2' kernels, and 'poly' with coef0 < 0, have negative eigenvalues
+    (checked here with numpy on the kernel matrices, so that the refusal is not taken on trust): pairwise_kernel
+    refuses them with a ValueError naming the argument; 'poly' with coef0 >= 0 is positive semidefinite and kept.
+    A kernel object that is indefinite reaches the solver, whose factorisation error says what to check."""
+    from joker_ext.adapters.sklearn import pairwise_kernel
+    from joker_ext.kernels import CallableKernel
+    from sklearn.metrics.pairwise import pairwise_kernels
+
+    A = np.abs(np.random.default_rng(0).normal(size=(40, 3)))
+    refused = [("sigmoid", {}, "metric 'sigmoid'"), ("additive_chi2", {}, "metric 'additive_chi2'"),
+               ("poly", {"gamma": 0.1, "coef0": -1.0}, "coef0")]
+    for name, kw, message in refused:
+        assert np.linalg.eigvalsh(pairwise_kernels(A, metric=name, **kw)).min() < -1e-8
+        with pytest.raises(ValueError, match=message):
+            pairwise_kernel(name, **kw)
+    with pytest.raises(ValueError, match="degree must be a whole number"):
+        pairwise_kernel("poly", degree=2.5)
+    kept = {"gamma": 0.1, "coef0": 0.5, "degree": 2}
+    assert np.linalg.eigvalsh(pairwise_kernels(A, metric="poly", **kept)).min() > -1e-10
+    pairwise_kernel("poly", **kept)
+
+    X, y = make_classification(n_samples=120, n_features=4, random_state=0)
+    tanh = CallableKernel(lambda P, Q: torch.tanh(0.5 * P @ Q.T - 1.0), name="tanh")
+    with pytest.raises(torch.linalg.LinAlgError, match="positive semidefinite"):
+        JokerClassifier(kernel=tanh, loss="hinge", C=100.0).fit(X, y)
+
+
 # ----------------------------------------------------------------------------- warm start, pickling
 def test_warm_start_along_C_path_saves_iterations():
     """Along a path of C, warm starts reach the same solutions (each within its certified distance
