@@ -120,10 +120,25 @@ class _Column:
         self.rounding_step = False  # whether the last primal step was taken at the rounding of P
         self.w, self.fw = None, None
         self.K_inf: Optional[float] = None  # |K|_inf, for the primal Newton system's conditioning
+        self.restartable = False  # whether a failed step may restart the primal steps from w = 0 (see step)
         if self.primal:
             self.w, self.fw = (a.clone(), f.clone()) if warm else (torch.zeros_like(a), torch.zeros_like(f))
+            if warm and self._primal(self.w, self.fw, self.b) > self._primal(None, None, 0.0):
+                self._cold()  # a warm start worse than w = 0 (another C's solution, clipped to this box)
+            self.restartable = warm and bool(self.w.any())
             if intercept:
                 self._certified_point()
+
+    def _primal(self, w: Optional[torch.Tensor], fw: Optional[torch.Tensor], b: float) -> float:
+        """``P(w, b) = 1/2 w^T K w + sum_i c_i l(y_i, (K w)_i + b)`` (``fw = K w``; None: ``w = 0``)."""
+        pred = self.y.new_full(self.y.shape, b) if fw is None else fw + b
+        quad = 0.0 if w is None else 0.5 * float(w @ fw)
+        return quad + float((self.c * self.loss.value(self.y, pred)).sum())
+
+    def _cold(self) -> None:
+        """Primal steps from ``w = 0``, ``b = 0`` (the cold start, from which every measured fit converged)."""
+        self.w, self.fw, self.b = torch.zeros_like(self.y), torch.zeros_like(self.y), 0.0
+        self.rounding_step = False
 
     def change(self, s: torch.Tensor, Ks: torch.Tensor) -> float:
         """``D_s(a + s) - D_s(a)`` computed from differences (no cancellation of large terms)."""
@@ -219,9 +234,19 @@ class _Column:
 
     def step(self) -> bool:
         """One iteration: the primal Newton step for smooth non-quadratic conjugates, else a projected Newton step
-        on the dual; False when no decrease could be found."""
+        on the dual; False when no decrease could be found. A warm-started primal column whose step fails starts
+        again, once, from ``w = 0``: from a warm start the intercept's Newton step can carry every prediction into
+        the loss's flat tail, where the weights ``W`` vanish and no step decreases ``P`` (logistic with the
+        intercept, warm-started at C = 10 from the solution at C = 1000: 'stalled' at a relative gap of 1.0)."""
         if self.primal:
-            return self.primal_step()
+            if self.primal_step():
+                return True
+            if not self.restartable:
+                return False
+            self.restartable = False
+            self._cold()
+            self._certified_point()
+            return True
         a, sm = self.a, self.smoothing.value
         grad = self.f + self.loss.conj_grad(a, self.y, self.c) + sm * a / self.c
         grad, lo, hi = orthant_box(self.loss.kink, a, grad, self.lo, self.hi)

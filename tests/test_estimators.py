@@ -421,6 +421,36 @@ def test_warm_start_along_C_path_saves_iterations():
     assert other.n_iter_ == fresh.n_iter_
 
 
+def test_exact_logistic_warm_started_from_a_far_c_reaches_its_certified_optimum(monkeypatch):
+    """Exact logistic regression with the intercept, warm-started at C = 10 from its solution at C = 1000: the
+    clipped dual coefficients made a start whose primal objective was 200 times that of w = 0, and the intercept's
+    Newton step carried the predictions into the loss's flat tail, where no step decreased it ('stalled' at a
+    relative gap of 1.0). The engine starts from w = 0 when that is better, and a warm-started column whose Newton
+    step fails starts again from w = 0: both fits end with a certified gap at the rounding floor."""
+    import joker_ext.newton_exact as ne
+
+    X, y = make_classification(n_samples=800, n_features=8, flip_y=0.05, random_state=1)
+    X = (X - X.mean(0)) / X.std(0)
+    est = JokerClassifier(loss="logistic", gamma=0.05, fit_intercept=True, warm_start=True, C=1000.0).fit(X, y)
+    est.set_params(C=10.0).fit(X, y)
+    assert est.status_ == "converged" and est.relative_gap_ <= 1e-11, (est.status_, est.relative_gap_)
+
+    # the restart itself: a warm start better than w = 0 (from C = 8, inside the box of C = 10) whose first Newton
+    # step fails
+    failed, real_step = [], ne._Column.primal_step
+
+    def first_step_fails(col):
+        if not failed:
+            failed.append(True)
+            return False
+        return real_step(col)
+
+    est.set_params(C=8.0).fit(X, y)
+    monkeypatch.setattr(ne._Column, "primal_step", first_step_fails)
+    est.set_params(C=10.0).fit(X, y)
+    assert failed and est.status_ == "converged" and est.relative_gap_ <= 1e-11, (est.status_, est.relative_gap_)
+
+
 @pytest.mark.parametrize("n_features", [None, 64], ids=["exact", "rff"])
 def test_warm_start_carries_the_intercept_an_engine_fits(n_features):
     """Where the engine fits the intercept (logistic: exact Newton's primal steps, feature Newton's bordered steps),
