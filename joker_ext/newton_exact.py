@@ -295,7 +295,9 @@ def exact_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options
     options : SolverOptions
         ``max_iter`` Newton iterations, ``tol`` on the relative duality gap, ``max_time``.
     alpha0 : Tensor (n, T), optional
-        Warm start (projected on the box; ``K alpha`` is recomputed exactly).
+        Warm start (projected on the box; ``K alpha`` is recomputed exactly). The primal Newton steps (logistic)
+        start from ``w = 0`` instead when that has the smaller primal objective (the projection of another ``C``'s
+        solution onto a smaller box can be a poor start).
     state0 : dict, optional
         ``state0['intercept']`` (T,): the starting intercept of the primal Newton steps (a warm start or a
         checkpoint's); its other entries are not needed.
