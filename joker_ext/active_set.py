@@ -818,12 +818,13 @@ class _BestIterate:
         self.wandered = 0
 
     def update(self, rec: dict, alpha: torch.Tensor, F: torch.Tensor, b: torch.Tensor) -> None:
-        open_columns = [t for t, gap in enumerate(rec["column_rel_gap"]) if gap > self.tol]
+        gaps = rec["column_rel_gap"]
+        open_columns = [t for t, gap in enumerate(gaps) if gap > self.tol]
         away = bool(open_columns) and all(
-            at_rounding_floor(self.gaps[t], self.tol, F.dtype) and rec["column_rel_gap"][t] >= WANDER_RATIO * self.gaps[t]
+            at_rounding_floor(self.gaps[t], self.tol, F.dtype) and gaps[t] >= WANDER_RATIO * self.gaps[t]
             for t in open_columns)
         self.wandered = self.wandered + 1 if away else 0
-        for t, gap in enumerate(rec["column_rel_gap"]):
+        for t, gap in enumerate(gaps):
             if gap < self.gaps[t]:
                 self.gaps[t] = gap
                 self.alpha[:, t], self.F[:, t], self.b[t] = alpha[:, t], F[:, t], b[t]
