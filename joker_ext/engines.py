@@ -310,6 +310,14 @@ def at_rounding_floor(rel_gap: float, tol: float, dtype: torch.dtype) -> bool:
     return rel_gap <= max(tol, ROUNDING_GAP.get(dtype, ROUNDING_GAP[torch.float32]))
 
 
+def _ordinary(value):
+    """``value``, or an ordinary copy of it when it is a tensor made under ``torch.inference_mode``."""
+    if torch.is_tensor(value) and value.is_inference():
+        with torch.inference_mode(False):
+            return value.clone()
+    return value
+
+
 class Monitor:
     """Bookkeeping shared by the Newton engines: history, tolerance, callback, time budget, snapshots.
 
@@ -353,7 +361,8 @@ class Monitor:
         """Append a history record (relative gap ``gap / max(|primal|, |dual|)``) and return it."""
         rec = self._make_record(iteration, primal, dual, gap, extra)
         if self.validation is not None:
-            rec["validation"] = float(self.validation(*self._reported(state, alpha)))
+            with torch.inference_mode(False):  # the user's code runs as it would outside the engine
+                rec["validation"] = float(self.validation(*self._reported(state, alpha)))
         self.history.append(rec)
         return rec
 
@@ -373,7 +382,8 @@ class Monitor:
         state_out, alpha_out = self._reported(state, alpha)
         info.update(alpha=alpha_out, state=state_out, radius=None, rng_state=None)
         try:
-            return "callback" if self.callback(info) else None
+            with torch.inference_mode(False):  # the user's code runs as it would outside the engine
+                return "callback" if self.callback(info) else None
         except KeyboardInterrupt:
             return "interrupted"
 
@@ -415,7 +425,11 @@ class Monitor:
                             rng_state=None)
 
     def _reported(self, state: dict, alpha: torch.Tensor):
-        """``(state, alpha)`` expanded (:attr:`expand`) and with their floating tensors in :attr:`report_dtype`."""
+        """``(state, alpha)`` expanded (:attr:`expand`) and with their floating tensors in :attr:`report_dtype`;
+        tensors an engine made under ``torch.inference_mode`` come out as ordinary ones (copies), which their
+        receivers may update in place or use in autograd."""
+        state = {k: _ordinary(v) for k, v in state.items()}
+        alpha = _ordinary(alpha)
         if self.expand is not None:
             state, alpha = self.expand(state, alpha)
         if self.report_dtype is None or alpha.dtype == self.report_dtype:

@@ -606,7 +606,9 @@ def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options:
     if intercept:
         state["intercept"] = torch.zeros(T, dtype=dtype, device=device)
     status, it, rec = "max_iter", start_iter, None
-    with sigint_as_flag(opts.handle_sigint) as sig, scipy_blas_on_one_thread():
+    # inference mode: no autograd bookkeeping on the many small tensor operations of the active-set steps
+    # (4-10 % of a hinge or epsilon-insensitive fit at n = 4000); the Monitor hands out ordinary tensors
+    with sigint_as_flag(opts.handle_sigint) as sig, scipy_blas_on_one_thread(), torch.inference_mode():
         try:
             cache = _ColumnCache(operator, cache_columns, dtype, device)
             src = _KernelRows(cache)

@@ -1622,3 +1622,27 @@ def test_a_fit_that_wanders_from_its_best_iterate_returns_that_iterate(solver, n
     assert res.rel_gap == min(r["rel_gap"] for r in res.history)
     K = X @ X.T
     assert res.primal == pytest.approx(cvxpy_primal(name, K, y, c.numpy(), intercept=True), rel=1e-7)
+
+
+@pytest.mark.parametrize("solver", ["working_set", "active_set"])
+def test_box_qp_engines_hand_out_ordinary_tensors(solver):
+    """The box-QP engines compute under ``torch.inference_mode`` (no autograd bookkeeping on their many small
+    operations); what they hand out is ordinary: the callback runs with autograd enabled and gets tensors it may
+    update in place or differentiate through, and so does the caller with the fitted model's dual variables."""
+    loss, X, y = _problem("hinge", n=120, seed=2)
+    seen = []
+
+    def callback(info):
+        a = info["alpha"]
+        seen.append((torch.is_grad_enabled(), a.is_inference(), info["state"]["f"].is_inference()))
+        w = torch.ones(a.shape[0], dtype=a.dtype, requires_grad=True)
+        (w @ a[:, 0]).backward()  # autograd through the iterate
+        a.mul_(1.0)  # an in-place update of the copy it was handed
+        return False
+
+    m = fit_dual(torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1), loss=loss, c=torch.full((120,), 3.0, dtype=F64),
+                 kernel=GaussianKernel(1.0), options=SolverOptions(tol=1e-12, max_iter=100), solver=solver,
+                 intercept=True, callback=callback)
+    assert m.result.status == "converged" and seen and all(s == (True, False, False) for s in seen), seen
+    assert not m.alpha.is_inference() and not m.result.state["intercept"].is_inference()
+    m.alpha.add_(0.0)
