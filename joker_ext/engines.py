@@ -311,11 +311,9 @@ def at_rounding_floor(rel_gap: float, tol: float, dtype: torch.dtype) -> bool:
 
 
 def _ordinary(value):
-    """``value``, or an ordinary copy of it when it is a tensor made under ``torch.inference_mode``."""
-    if torch.is_tensor(value) and value.is_inference():
-        with torch.inference_mode(False):
-            return value.clone()
-    return value
+    """``value``, or a copy of it when it is a tensor made under ``torch.inference_mode`` (called outside that mode,
+    the copy is an ordinary tensor)."""
+    return value.clone() if torch.is_tensor(value) and value.is_inference() else value
 
 
 class Monitor:
@@ -428,15 +426,16 @@ class Monitor:
         """``(state, alpha)`` expanded (:attr:`expand`) and with their floating tensors in :attr:`report_dtype`;
         tensors an engine made under ``torch.inference_mode`` come out as ordinary ones (copies), which their
         receivers may update in place or use in autograd."""
-        state = {k: _ordinary(v) for k, v in state.items()}
-        alpha = _ordinary(alpha)
-        if self.expand is not None:
-            state, alpha = self.expand(state, alpha)
-        if self.report_dtype is None or alpha.dtype == self.report_dtype:
-            return state, alpha
-        cast = {k: v.to(self.report_dtype) if torch.is_tensor(v) and v.is_floating_point() else v
-                for k, v in state.items()}
-        return cast, alpha.to(self.report_dtype)
+        with torch.inference_mode(False):  # (the expansion and the cast below make ordinary tensors too)
+            state = {k: _ordinary(v) for k, v in state.items()}
+            alpha = _ordinary(alpha)
+            if self.expand is not None:
+                state, alpha = self.expand(state, alpha)
+            if self.report_dtype is None or alpha.dtype == self.report_dtype:
+                return state, alpha
+            cast = {k: v.to(self.report_dtype) if torch.is_tensor(v) and v.is_floating_point() else v
+                    for k, v in state.items()}
+            return cast, alpha.to(self.report_dtype)
 
     @staticmethod
     def _interrupted(it: int) -> str:

@@ -1624,12 +1624,17 @@ def test_a_fit_that_wanders_from_its_best_iterate_returns_that_iterate(solver, n
     assert res.primal == pytest.approx(cvxpy_primal(name, K, y, c.numpy(), intercept=True), rel=1e-7)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("solver", ["working_set", "active_set"])
-def test_box_qp_engines_hand_out_ordinary_tensors(solver):
+def test_box_qp_engines_hand_out_ordinary_tensors(solver, dtype):
     """The box-QP engines compute under ``torch.inference_mode`` (no autograd bookkeeping on their many small
     operations); what they hand out is ordinary: the callback runs with autograd enabled and gets tensors it may
-    update in place or differentiate through, and so does the caller with the fitted model's dual variables."""
+    update in place or differentiate through, and so does the caller with the fitted model's dual variables. Also
+    when the iterates are expanded from merged duplicate rows and cast to the inputs' dtype (float32)."""
     loss, X, y = _problem("hinge", n=120, seed=2)
+    if dtype == torch.float32:  # ten duplicated rows: the engine solves the merged problem and expands its iterates
+        X, y = np.vstack([X, X[:10]]), np.concatenate([y, y[:10]])
+    n = len(y)
     seen = []
 
     def callback(info):
@@ -1640,9 +1645,10 @@ def test_box_qp_engines_hand_out_ordinary_tensors(solver):
         a.mul_(1.0)  # an in-place update of the copy it was handed
         return False
 
-    m = fit_dual(torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1), loss=loss, c=torch.full((120,), 3.0, dtype=F64),
+    m = fit_dual(torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1), loss=loss, c=torch.full((n,), 3.0, dtype=F64),
                  kernel=GaussianKernel(1.0), options=SolverOptions(tol=1e-12, max_iter=100), solver=solver,
-                 intercept=True, callback=callback)
+                 intercept=True, callback=callback, dtype=dtype)
     assert m.result.status == "converged" and seen and all(s == (True, False, False) for s in seen), seen
+    assert m.alpha.dtype == dtype and m.alpha.shape[0] == n
     assert not m.alpha.is_inference() and not m.result.state["intercept"].is_inference()
     m.alpha.add_(0.0)
