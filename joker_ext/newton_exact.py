@@ -123,17 +123,17 @@ class _Column:
         self.restartable = False  # whether a failed step may restart the primal steps from w = 0 (see step)
         if self.primal:
             self.w, self.fw = (a.clone(), f.clone()) if warm else (torch.zeros_like(a), torch.zeros_like(f))
-            if warm and self._primal(self.w, self.fw, self.b) > self._primal(None, None, 0.0):
+            if warm and float(self.primal_value(self.w, self.fw, self.b)) > float(self.primal_value(None, None, 0.0)):
                 self._cold()  # a warm start worse than w = 0 (another C's solution, clipped to this box)
             self.restartable = warm and bool(self.w.any())
             if intercept:
                 self._certified_point()
 
-    def _primal(self, w: Optional[torch.Tensor], fw: Optional[torch.Tensor], b: float) -> float:
-        """``P(w, b) = 1/2 w^T K w + sum_i c_i l(y_i, (K w)_i + b)`` (``fw = K w``; None: ``w = 0``)."""
-        pred = self.y.new_full(self.y.shape, b) if fw is None else fw + b
-        quad = 0.0 if w is None else 0.5 * float(w @ fw)
-        return quad + float((self.c * self.loss.value(self.y, pred)).sum())
+    def primal_value(self, w: Optional[torch.Tensor], fw: Optional[torch.Tensor], b: float) -> torch.Tensor:
+        """``P(w, b) = 1/2 w^T K w + sum_i c_i l(y_i, (K w)_i + b)`` as a 0-d tensor (``fw = K w``; None: ``w = 0``)."""
+        if fw is None:
+            return (self.c * self.loss.value(self.y, self.y.new_full(self.y.shape, b))).sum()
+        return 0.5 * (w @ fw) + (self.c * self.loss.value(self.y, fw + b)).sum()
 
     def _cold(self) -> None:
         """Primal steps from ``w = 0``, ``b = 0`` (the cold start, from which every measured fit converged)."""
@@ -357,7 +357,7 @@ def exact_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options
             # so in float64 only, only where it is not negative beyond their rounding (float32: -7e-5 relative), and
             # a negative value within it counts as 0 (the gap is not negative)
             if col.primal and dtype == torch.float64:
-                primal_w = 0.5 * (col.w @ col.fw) + (col.c * col.loss.value(col.y, col.fw + col.b)).sum()
+                primal_w = col.primal_value(col.w, col.fw, col.b)
                 gap_w = primal_w + dual[t]
                 rounding = n * torch.finfo(dtype).eps * (primal_w.abs() + dual[t].abs())
                 if -rounding <= gap_w < gap[t]:
