@@ -100,6 +100,7 @@ from .engines import (Monitor, at_rounding_floor, register_solver, sigint_as_fla
                       working_set_size as default_size)
 from .losses import Loss
 from .memory import is_out_of_memory, working_set_cache_rows
+from .smo import smo_available, smo_phase
 from .solver import SolverOptions, SolverResult
 
 __all__ = ["working_set", "supports_working_set"]
@@ -178,6 +179,13 @@ QUICK_FIRST = 0.125
 CARRY_RATIO = 8
 #: The first step of a subproblem frees at most this many violators (times ``max(1, |free| / FIRST_FREE)``).
 FIRST_FREE = 64
+#: The SMO phase (:mod:`joker_ext.smo`) stops at this maximal violation of the optimality conditions, relative to
+#: the largest ``|lin_i|`` (the targets' scale); the decomposition finishes from there.
+SMO_TOL = 1e-3
+#: The SMO phase takes at most this many steps per coordinate (then the decomposition goes on from its point).
+SMO_STEPS = 5.0
+#: Whether fits on the CPU with every kernel row in the cache start with the SMO phase.
+USE_SMO = True
 
 
 def supports_working_set(loss: Loss) -> bool:
@@ -555,6 +563,25 @@ def _decompose(src: _KernelRows, diagK, loss: Loss, Y, c_col, alpha, F, intercep
                       at_floor, level)
 
 
+def _smo_applies(cache: _ColumnCache, dtype) -> bool:
+    """Whether the fit starts with the SMO phase: on the CPU, in float64, every kernel row kept, numba at hand."""
+    return USE_SMO and smo_available() and cache.full and cache.buffer.device.type == "cpu" and dtype == torch.float64
+
+
+def _smo_start(cache: _ColumnCache, diagK, loss: Loss, Y, c_col, alpha, intercept: bool, opts: SolverOptions,
+               mon: Monitor, interrupted) -> None:
+    """Each column of ``alpha`` moved, in place, by :func:`~joker_ext.smo.smo_phase` to a maximal violation of
+    ``SMO_TOL`` times its targets' scale (within the time budget)."""
+    deadline = math.inf if opts.max_time is None else mon.t0 + opts.max_time
+    for t in range(Y.shape[1]):
+        col = _Column(None, diagK, loss.column(t), Y[:, t], c_col, intercept)
+        a = alpha[:, t].contiguous()
+        scale = max(float(col.lin.abs().max()), float(col.kink), 1e-300)
+        smo_phase(cache, diagK, col, a, tol=SMO_TOL * scale, deadline=deadline, interrupted=interrupted,
+                  max_steps=int(SMO_STEPS * a.numel()))
+        alpha[:, t] = a
+
+
 def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: Optional[SolverOptions] = None,
                 *, alpha0: Optional[torch.Tensor] = None, state0=None, start_iter: int = 0, callback=None,
                 validation=None, snapshot=None, snapshot_every=None, intercept: bool = False,
@@ -613,6 +640,8 @@ def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options:
             cache = _ColumnCache(operator, cache_columns, dtype, device)
             src = _KernelRows(cache)
             diagK = operator.kernel.diag(cache.X)
+            if _smo_applies(cache, dtype):
+                _smo_start(cache, diagK, loss, Y, c_col, alpha, intercept, opts, mon, lambda: sig.flag)
             F = src.matmul(alpha)
             reason, it, rec = _decompose(src, diagK, loss, Y, c_col, alpha, F, intercept, q, mon, opts, it, state,
                                          lambda: sig.flag, level)

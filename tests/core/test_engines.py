@@ -540,6 +540,9 @@ def test_active_set_steps_stop_between_the_bounds(monkeypatch, solver, name, C):
     stop is exercised, and the fit reaches cvxpy's optimum with the intercept."""
     pytest.importorskip("cvxpy")
     import joker_ext.active_set as act
+    import joker_ext.working_set as ws
+
+    monkeypatch.setattr(ws, "USE_SMO", False)  # the decomposition's own rounds, from zero
 
     jumps, stopped = [], []
     stop = act._Column._stop_on_the_way
@@ -612,6 +615,8 @@ def test_working_set_first_step_frees_only_the_worst_violators(monkeypatch, name
     with the intercept."""
     pytest.importorskip("cvxpy")
     import joker_ext.working_set as ws
+
+    monkeypatch.setattr(ws, "USE_SMO", False)  # the decomposition's own first steps, from zero
 
     monkeypatch.setattr(ws, "FIRST_FREE", 4)
     seen = []
@@ -905,6 +910,8 @@ def test_working_set_computes_kernel_rows_only_for_coordinates_that_move(monkeyp
     moves (f's update), so a point that never leaves zero (far outside the margin) costs no row."""
     pytest.importorskip("cvxpy")
     from joker_ext import working_set as ws
+
+    monkeypatch.setattr(ws, "USE_SMO", False)  # the SMO phase forms the rows of the worst violators ahead of need
 
     filled = []
     fill = ws._ColumnCache._fill

@@ -1,0 +1,344 @@
+"""Sequential minimal optimisation: the working-set engine's first phase on the CPU.
+
+The box QP of one target column (the notation of :mod:`joker_ext.active_set`)::
+
+    min_a  1/2 a^T K a + sum_i [-lin_i a_i + h_i a_i^2 / 2 + kink |a_i|]
+    s.t.   lo_i <= a_i <= hi_i            (and sum_i a_i = total with an intercept)
+
+is solved, to a loose tolerance, by steps on one coordinate (no intercept) or on a pair that keeps the sum (with an
+intercept), each solved exactly along its direction: the method of LIBSVM (Platt's sequential minimal
+optimisation; the pair chosen by the second-order rule of Fan, Chen and Lin, 2005, JMLR 6). With ``g = K a + h a -
+lin`` the smooth part's gradient, moving ``a_i`` up costs ``dp_i = g_i + kink sign+(a_i)`` per unit (``sign+`` is
++1 at or above zero) and moving it down saves ``dm_i = g_i + kink sign-(a_i)`` (+1 strictly above zero). With an
+intercept, ``a`` is optimal iff ``min dp`` over the coordinates below ``hi`` is at least ``max dm`` over those above
+``lo``; the phase stops when the difference (the maximal violation) is below ``tol``:
+
+* ``i`` has the smallest ``dp``; ``j`` the largest ``(dm_j - dp_i)^2 / (Q_ii + Q_jj - 2 K_ij)`` (``Q = K +
+  diag(h)``) among those with ``dm_j > dp_i``: the pair whose exact step decreases the objective most, given ``i``;
+* the step ``t`` moves ``a_i`` up and ``a_j`` down by ``(dm_j - dp_i) / (Q_ii + Q_jj - 2 K_ij)``, cut where either
+  reaches its bound or the kink at zero (past the kink the costs change: the next step goes on from there);
+* ``g`` gains ``t (K_i - K_j)`` (and the ``h`` terms): two kernel rows per step.
+
+Without an intercept, one coordinate moves: the one whose exact step gains most (``dp_i^2 / Q_ii`` up, ``dm_i^2 /
+Q_ii`` down). A step costs ``O(n)`` (the choice and the update) plus the kernel rows it needs, read from the
+working-set engine's cache of ``K`` (formed lazily, all ``n`` rows kept). A row not yet formed stops the compiled
+loop; the driver forms it together with the rows of the ``PREFETCH`` worst violators still without one (the
+coordinates the next steps choose) in one kernel evaluation.
+
+Why this phase: the working-set engine's subproblems cost factorisations, 10-20 of them when the sets are far from
+the solution's; the decomposition pays them while the free set and the bounds settle. Cheap steps find those sets
+first (the same sets LIBSVM finds), and the working-set engine then certifies and finishes to the relative gap's
+rounding floor from them, typically with one exact subproblem on the support vectors.
+
+The loop is compiled by numba (``cache=True``: once per installation); without numba the phase is skipped.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Optional
+
+import numpy as np
+import torch
+
+try:  # optional: the phase is skipped without it
+    import numba
+except ImportError:  # pragma: no cover - numba is a dependency; this keeps the engine usable without it
+    numba = None
+
+__all__ = ["smo_available", "smo_phase"]
+
+#: Rows formed per kernel evaluation when a step needs a row that is missing: that row and the rows of the worst
+#: violators without one.
+PREFETCH = 256
+#: Steps per call of the compiled loop (between calls the driver checks the time budget and an interrupt).
+CHUNK_STEPS = 20_000
+#: Steps between shrinkings of the set the steps choose from (at most ``n``).
+SHRINK_EVERY = 1000
+#: Smallest curvature of a step's direction (as a share of the kernel's mean diagonal); LIBSVM's ``tau``.
+TAU = 1e-12
+
+# status codes of the compiled loop
+_CONVERGED, _STEPS, _NEEDS_ROW = 0, 1, 2
+
+
+def smo_available() -> bool:
+    """Whether the compiled loop can run (numba is importable)."""
+    return numba is not None
+
+
+def _njit(fn):
+    return numba.njit(cache=True, nogil=True)(fn) if numba is not None else fn
+
+
+@_njit
+def _up_cost(a, g, kink):
+    return g + kink if a >= 0.0 else g - kink
+
+
+@_njit
+def _down_cost(a, g, kink):
+    return g + kink if a > 0.0 else g - kink
+
+
+@_njit
+def _shrink(act, n_act, a, g, lo, hi, kink, low, high):  # pragma: no cover - compiled
+    """Keep in ``act[:n_act]`` the coordinates that may still be chosen: the free ones, and those at a bound or at
+    the kink whose cost of moving off it is within ``[low, high]`` (up: ``dp <= high``; down: ``dm >= low``). Returns
+    the new count."""
+    kept = 0
+    for p in range(n_act):
+        k = act[p]
+        ak = a[k]
+        can_up = ak < hi[k]
+        can_down = ak > lo[k]
+        keep = can_up and can_down and (kink == 0.0 or ak != 0.0)  # free
+        if not keep and can_up and _up_cost(ak, g[k], kink) <= high:
+            keep = True
+        if not keep and can_down and _down_cost(ak, g[k], kink) >= low:
+            keep = True
+        if keep:
+            act[kept] = k
+            kept += 1
+    return kept
+
+
+@_njit
+def _pair_steps(R, have, diag, h, kink, lo, hi, a, g, tol, tau, max_steps, act, n_act):  # pragma: no cover
+    """Pair steps (with an intercept) until the maximal violation is below ``tol``, ``max_steps`` are taken, or a
+    step needs a row ``have`` lacks; returns ``(steps, status, row, n_act)``. The pair is chosen among
+    ``act[:n_act]``, shrunk every ``SHRINK_EVERY`` steps to the coordinates whose costs lie within the current
+    extremes (LIBSVM's shrinking; ``g`` stays exact for all, so nothing needs reconstructing): when those are
+    optimal, all coordinates are checked again."""
+    n = a.shape[0]
+    countdown = min(n, SHRINK_EVERY)
+    for step in range(max_steps):
+        i = -1
+        dp_i = math.inf
+        dm_max = -math.inf
+        for p in range(n_act):
+            k = act[p]
+            ak = a[k]
+            if ak < hi[k]:
+                dp = _up_cost(ak, g[k], kink)
+                if dp < dp_i:
+                    dp_i = dp
+                    i = k
+            if ak > lo[k]:
+                dm = _down_cost(ak, g[k], kink)
+                if dm > dm_max:
+                    dm_max = dm
+        if i < 0 or dm_max - dp_i < tol:
+            if n_act < n:  # optimal on the shrunk set: check them all
+                for k in range(n):
+                    act[k] = k
+                n_act, countdown = n, min(n, SHRINK_EVERY)
+                continue
+            return step, _CONVERGED, -1, n_act
+        countdown -= 1
+        if countdown == 0:
+            n_act = _shrink(act, n_act, a, g, lo, hi, kink, dp_i, dm_max)
+            countdown = min(n, SHRINK_EVERY)
+        if not have[i]:
+            return step, _NEEDS_ROW, i, n_act
+        Ri = R[i]
+        qi = diag[i] + h[i]
+        j = -1
+        best = 0.0
+        quad_j = 1.0
+        for p in range(n_act):
+            k = act[p]
+            ak = a[k]
+            if ak > lo[k]:
+                diff = _down_cost(ak, g[k], kink) - dp_i
+                if diff > 0.0:
+                    quad = qi + diag[k] + h[k] - 2.0 * Ri[k]
+                    if quad < tau:
+                        quad = tau
+                    gain = diff * diff / quad
+                    if gain > best:
+                        best = gain
+                        j = k
+                        quad_j = quad
+        if j < 0:
+            return step, _CONVERGED, -1, n_act
+        if not have[j]:
+            return step, _NEEDS_ROW, j, n_act
+        Rj = R[j]
+        # the exact step along e_i - e_j, cut at the bounds and at the kink (the costs change there)
+        t = (_down_cost(a[j], g[j], kink) - dp_i) / quad_j
+        ai_end, up_room = hi[i], hi[i] - a[i]
+        if kink > 0.0 and a[i] < 0.0 and -a[i] < up_room:
+            ai_end, up_room = 0.0, -a[i]
+        aj_end, down_room = lo[j], a[j] - lo[j]
+        if kink > 0.0 and a[j] > 0.0 and a[j] < down_room:
+            aj_end, down_room = 0.0, a[j]
+        if up_room < t:
+            t = up_room
+        if down_room < t:
+            t = down_room
+        if t <= 0.0:
+            return step, _CONVERGED, -1, n_act
+        a[i] = ai_end if t == up_room else a[i] + t
+        a[j] = aj_end if t == down_room else a[j] - t
+        for k in range(n):
+            g[k] += t * (Ri[k] - Rj[k])
+        g[i] += h[i] * t
+        g[j] -= h[j] * t
+    return max_steps, _STEPS, -1, n_act
+
+
+@_njit
+def _single_steps(R, have, diag, h, kink, lo, hi, a, g, tol, tau, max_steps, act, n_act):  # pragma: no cover
+    """One-coordinate steps (no intercept), as :func:`_pair_steps` (a coordinate at a bound is kept while its cost
+    of moving off it is within the current maximal violation)."""
+    n = a.shape[0]
+    countdown = min(n, SHRINK_EVERY)
+    for step in range(max_steps):
+        i = -1
+        best = 0.0
+        violation = 0.0
+        up = True
+        for p in range(n_act):
+            k = act[p]
+            ak = a[k]
+            q = diag[k] + h[k]
+            if q < tau:
+                q = tau
+            if ak < hi[k]:
+                dp = _up_cost(ak, g[k], kink)
+                if dp < 0.0:
+                    if -dp > violation:
+                        violation = -dp
+                    if dp * dp / q > best:
+                        best, i, up = dp * dp / q, k, True
+            if ak > lo[k]:
+                dm = _down_cost(ak, g[k], kink)
+                if dm > 0.0:
+                    if dm > violation:
+                        violation = dm
+                    if dm * dm / q > best:
+                        best, i, up = dm * dm / q, k, False
+        if i < 0 or violation < tol:
+            if n_act < n:
+                for k in range(n):
+                    act[k] = k
+                n_act, countdown = n, min(n, SHRINK_EVERY)
+                continue
+            return step, _CONVERGED, -1, n_act
+        countdown -= 1
+        if countdown == 0:
+            n_act = _shrink(act, n_act, a, g, lo, hi, kink, -violation, violation)
+            countdown = min(n, SHRINK_EVERY)
+        if not have[i]:
+            return step, _NEEDS_ROW, i, n_act
+        q = diag[i] + h[i]
+        if q < tau:
+            q = tau
+        ai = a[i]
+        if up:
+            t = -_up_cost(ai, g[i], kink) / q
+            room = hi[i] - ai
+            end = hi[i]
+            if kink > 0.0 and ai < 0.0 and -ai < room:
+                room, end = -ai, 0.0
+            ai_new = end if t >= room else ai + t
+        else:
+            t = -_down_cost(ai, g[i], kink) / q
+            room = ai - lo[i]
+            end = lo[i]
+            if kink > 0.0 and ai > 0.0 and ai < room:
+                room, end = ai, 0.0
+            ai_new = end if -t >= room else ai + t
+        t = ai_new - ai
+        if t == 0.0:
+            return step, _CONVERGED, -1, n_act
+        a[i] = ai_new
+        Ri = R[i]
+        for k in range(n):
+            g[k] += t * Ri[k]
+        g[i] += h[i] * t
+    return max_steps, _STEPS, -1, n_act
+
+
+def _worst_without_row(a, g, kink, lo, hi, have, intercept: bool, count: int) -> np.ndarray:
+    """The ``count`` coordinates without a formed row that violate their optimality condition most (those the next
+    steps are likely to choose)."""
+    sign_up = np.where(a >= 0, kink, -kink)
+    sign_down = np.where(a > 0, kink, -kink)
+    up_cost = np.where(a < hi, g + sign_up, np.inf)
+    down_cost = np.where(a > lo, g + sign_down, -np.inf)
+    if intercept:  # distance past the middle of the violated interval
+        middle = 0.5 * (np.min(up_cost) + np.max(down_cost))
+        score = np.maximum(middle - up_cost, down_cost - middle)
+    else:
+        score = np.maximum(-up_cost, down_cost)
+    score = np.where(have, -np.inf, score)
+    count = min(count, int(np.isfinite(score).sum()))
+    if count <= 0:
+        return np.zeros(0, dtype=np.int64)
+    top = np.argpartition(-score, count - 1)[:count]
+    return top[score[top] > 0]
+
+
+def smo_phase(cache, diag: torch.Tensor, column, a: torch.Tensor, *, tol: float, deadline: float,
+              interrupted=lambda: False, max_steps: Optional[int] = None) -> int:
+    """Take SMO steps on one column of the box QP, in place, until its maximal violation is below ``tol``.
+
+    Parameters
+    ----------
+    cache : joker_ext.working_set._ColumnCache
+        Holding every row (``cache.full``), on the CPU; rows are formed on demand through it.
+    diag : Tensor (n,)
+        The kernel's diagonal.
+    column : joker_ext.active_set._Column
+        The column's data: ``lin``, ``h``, ``kink``, ``lo``, ``hi`` (and ``intercept``: pair steps keep ``sum a``).
+    a : Tensor (n,)
+        The start (feasible), overwritten by the result.
+    tol : float
+        Stop when the maximal violation of the optimality conditions (in units of the gradient) is below it.
+    deadline : float
+        ``time.perf_counter()`` value after which the phase stops.
+    interrupted : callable
+        Polled between chunks of steps.
+    max_steps : int, optional
+        Total steps allowed (default ``50 n``).
+
+    Returns
+    -------
+    int
+        Steps taken.
+    """
+    n = a.numel()
+    R, have = cache.buffer.numpy(), cache.have.numpy()
+    a_np = a.numpy()
+    lin = column.lin.numpy()
+    h = torch.as_tensor(column.h, dtype=a.dtype).expand(n).contiguous().numpy()
+    lo, hi = column.lo.numpy(), column.hi.numpy()
+    diag_np = diag.numpy()
+    kink = float(column.kink)
+    tau = TAU * max(float(diag_np.mean()), 1e-300)
+    # g = K a + h a - lin, through the rows of the nonzero coordinates
+    nonzero = np.flatnonzero(a_np)
+    if nonzero.size:
+        missing = nonzero[~have[nonzero]]
+        if missing.size:
+            cache(torch.from_numpy(missing))
+        g = a_np[nonzero] @ R[nonzero] + h * a_np - lin
+    else:
+        g = -lin.copy()
+    steps_fn = _pair_steps if column.intercept else _single_steps
+    budget = 50 * n if max_steps is None else int(max_steps)
+    taken = 0
+    act, n_act = np.arange(n, dtype=np.int64), n
+    while taken < budget and time.perf_counter() < deadline and not interrupted():
+        done, status, row, n_act = steps_fn(R, have, diag_np, h, kink, lo, hi, a_np, g, tol, tau,
+                                            min(CHUNK_STEPS, budget - taken), act, n_act)
+        taken += done
+        if status == _CONVERGED:
+            break
+        if status == _NEEDS_ROW:
+            extra = _worst_without_row(a_np, g, kink, lo, hi, have, column.intercept, PREFETCH - 1)
+            idx = np.unique(np.concatenate([[row], extra]).astype(np.int64))
+            cache(torch.from_numpy(idx))
+    return taken
