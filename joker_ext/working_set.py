@@ -184,6 +184,8 @@ FIRST_FREE = 64
 SMO_TOL = 1e-3
 #: The SMO phase takes at most this many steps per coordinate (then the decomposition goes on from its point).
 SMO_STEPS = 5.0
+#: The SMO phase ends once a round of its steps changes the sets of fewer coordinates than this share of its steps.
+SMO_SETTLED = 0.05
 #: Whether fits on the CPU with every kernel row in the cache start with the SMO phase.
 USE_SMO = True
 
@@ -578,7 +580,7 @@ def _smo_start(cache: _ColumnCache, diagK, loss: Loss, Y, c_col, alpha, intercep
         a = alpha[:, t].contiguous()
         scale = max(float(col.lin.abs().max()), float(col.kink), 1e-300)
         smo_phase(cache, diagK, col, a, tol=SMO_TOL * scale, deadline=deadline, interrupted=interrupted,
-                  max_steps=int(SMO_STEPS * a.numel()))
+                  max_steps=int(SMO_STEPS * a.numel()), settled=SMO_SETTLED)
         alpha[:, t] = a
 
 
