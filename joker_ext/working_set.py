@@ -8,7 +8,17 @@ Problem, per target column (the notation of :mod:`joker_ext.active_set`)::
 
 Its solutions are sparse: most ``alpha_i`` sit at a bound or at the kink, and only the *free* ones (on the
 margin) take values that a linear system decides. The engine reads ``K`` through blocks ``K_BB`` and rows
-(all of them, formed lazily, when they fit the memory budget). Every outer iteration:
+(all of them, formed lazily, when they fit the memory budget).
+
+**SMO phase.** On the CPU, in float64, with every row of ``K`` in the cache, each column first takes the cheap
+two-coordinate steps of LIBSVM (:mod:`joker_ext.smo`, compiled by numba) until its maximal violation is below
+``SMO_TOL`` times its targets' scale, its sets (bounds, kink, free) have settled (``SMO_SETTLED``), or it has taken
+``SMO_STEPS n`` steps. Those steps find the sets that the decomposition's factorisations otherwise pay for, 10-20
+of them per subproblem while the sets are far from the solution's; the decomposition then certifies and finishes
+from there, mostly in 1-5 outer iterations (hinge against SVC on five KEEL sets at n = 4000: 1.5-6.7x SVC's time
+before, 0.9-2.5x with it). On a GPU, or with an LRU cache, the decomposition starts from the warm start (or zero).
+
+Every outer iteration:
 
 1. **KKT check** from ``f = K alpha`` (kept up to date): each coordinate's optimality condition holds for
    the intercepts ``b`` in an interval ``[l_i, u_i]`` (:meth:`_Column.intercept_bounds`); ``alpha`` is
@@ -186,6 +196,8 @@ SMO_TOL = 1e-3
 SMO_STEPS = 5.0
 #: The SMO phase ends once a round of its steps changes the sets of fewer coordinates than this share of its steps.
 SMO_SETTLED = 0.05
+#: Whether the decomposition takes the SMO phase's free sets whole into its first working sets.
+SMO_FREE_FOUND = True
 #: Whether fits on the CPU with every kernel row in the cache start with the SMO phase.
 USE_SMO = True
 
@@ -471,9 +483,12 @@ class _KernelRows:
 
 
 def _decompose(src: _KernelRows, diagK, loss: Loss, Y, c_col, alpha, F, intercept: bool, q: int, mon: Monitor,
-               opts: SolverOptions, it: int, state: dict, interrupted=lambda: False, level=None):
+               opts: SolverOptions, it: int, state: dict, interrupted=lambda: False, level=None,
+               free_found: bool = False):
     """The outer loop of the decomposition from ``(alpha, F = K alpha)``, in place (``Y`` less ``level``:
-    :func:`~joker_ext.engines.target_level`); returns ``(reason, it, rec)``."""
+    :func:`~joker_ext.engines.target_level`); returns ``(reason, it, rec)``. ``free_found``: the start's free sets
+    are the solution's (the SMO phase found them), so each column's cap on its working set starts large enough to
+    hold its free set whole."""
     T = Y.shape[1]
     dtype, device = Y.dtype, Y.device
     columns = [_Column(None, diagK, loss.column(t), Y[:, t], c_col, intercept) for t in range(T)]
@@ -481,6 +496,11 @@ def _decompose(src: _KernelRows, diagK, loss: Loss, Y, c_col, alpha, F, intercep
     sigma = [SIGMA_START * scale] * T
     floor = [SIGMA_FLOOR * scale] * T
     cap, cuts, last_free = [MAX_SET_FACTOR * q] * T, [0] * T, [0] * T
+    if free_found:
+        for t, col in enumerate(columns):
+            n_free = int(_free(col, alpha[:, t]).sum())
+            while 2 * n_free > cap[t]:
+                cap[t] *= 2
     # each column's intercept intervals at its current point (the next working set and b come from them)
     bounds = [col.intercept_bounds(alpha[:, t], F[:, t] + col.h * alpha[:, t] - col.lin)
               for t, col in enumerate(columns)]
@@ -642,11 +662,12 @@ def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options:
             cache = _ColumnCache(operator, cache_columns, dtype, device)
             src = _KernelRows(cache)
             diagK = operator.kernel.diag(cache.X)
-            if _smo_applies(cache, dtype):
+            smo = _smo_applies(cache, dtype)
+            if smo:
                 _smo_start(cache, diagK, loss, Y, c_col, alpha, intercept, opts, mon, lambda: sig.flag)
             F = src.matmul(alpha)
             reason, it, rec = _decompose(src, diagK, loss, Y, c_col, alpha, F, intercept, q, mon, opts, it, state,
-                                         lambda: sig.flag, level)
+                                         lambda: sig.flag, level, free_found=smo and SMO_FREE_FOUND)
             status = reason or "max_iter"
         except (RuntimeError, MemoryError) as exc:
             if not is_out_of_memory(exc):
