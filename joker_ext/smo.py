@@ -58,11 +58,15 @@ SETTLE_ROUND = 0.25
 SETTLE_MIN_STEPS = 1000
 #: Steps between shrinkings of the set the steps choose from (at most ``n``).
 SHRINK_EVERY = 1000
+#: A step direction whose curvature is below ``-NEGATIVE_CURVATURE`` times its diagonal terms proves the kernel
+#: matrix indefinite (``(e_i - e_j)^T K (e_i - e_j) < 0``; for a positive semidefinite kernel rounding leaves it at
+#: most a few units in the last place below zero).
+NEGATIVE_CURVATURE = 1e-8
 #: Smallest curvature of a step's direction (as a share of the kernel's mean diagonal); LIBSVM's ``tau``.
 TAU = 1e-12
 
 # status codes of the compiled loop
-_CONVERGED, _STEPS, _NEEDS_ROW = 0, 1, 2
+_CONVERGED, _STEPS, _NEEDS_ROW, _INDEFINITE = 0, 1, 2, 3
 
 
 def smo_available() -> bool:
@@ -151,8 +155,11 @@ def _pair_steps(R, have, diag, h, kink, lo, hi, a, g, tol, tau, max_steps, act, 
         if not have[j]:
             return step, _NEEDS_ROW, j, n_act
         Rj = R[j]
+        curvature = qi + diag[j] + h[j] - 2.0 * Ri[j]
+        if curvature < -NEGATIVE_CURVATURE * (abs(qi) + abs(diag[j] + h[j])):
+            return step, _INDEFINITE, i * n + j, n_act
         # the exact step along e_i - e_j, cut at the bounds and at the kink (the costs change there)
-        t = (g[j] + down_off[j] - dp_i) / max(qi + diag[j] + h[j] - 2.0 * Ri[j], tau)
+        t = (g[j] + down_off[j] - dp_i) / max(curvature, tau)
         ai_end, up_room = hi[i], hi[i] - a[i]
         if kink > 0.0 and a[i] < 0.0 and -a[i] < up_room:
             ai_end, up_room = 0.0, -a[i]
@@ -212,6 +219,8 @@ def _single_steps(R, have, diag, h, kink, lo, hi, a, g, tol, tau, max_steps, act
             countdown = min(n, SHRINK_EVERY)
         if not have[i]:
             return step, _NEEDS_ROW, i, n_act
+        if diag[i] + h[i] < -NEGATIVE_CURVATURE * abs(diag[i] + h[i]):
+            return step, _INDEFINITE, i * n + i, n_act
         q = max(diag[i] + h[i], tau)
         ai = a[i]
         if g[i] + up_off[i] < 0.0:  # up (the two directions cannot both gain: down_off <= up_off)
@@ -288,6 +297,12 @@ def smo_phase(cache, diag: torch.Tensor, column, a: torch.Tensor, *, tol: float,
     -------
     int
         Steps taken.
+
+    Raises
+    ------
+    torch.linalg.LinAlgError
+        When a step's direction has negative curvature: the kernel is not positive semidefinite (the dual is then not
+        convex, and no certificate would hold).
     """
     n = a.numel()
     R, have = cache.buffer.numpy(), cache.have.numpy()
@@ -320,6 +335,14 @@ def smo_phase(cache, diag: torch.Tensor, column, a: torch.Tensor, *, tol: float,
         taken += done
         if status == _CONVERGED:
             break
+        if status == _INDEFINITE:
+            i, j = divmod(int(row), n)
+            curvature = diag_np[i] + h[i] + diag_np[j] + h[j] - 2.0 * R[i, j] if i != j else diag_np[i] + h[i]
+            what = ("k(x, x) + h", "a training point x") if i == j else \
+                ("k(x, x) + k(x', x') - 2 k(x, x') + h + h'", "training points x, x'")
+            raise torch.linalg.LinAlgError(
+                f"the kernel matrix is not positive semidefinite: {what[0]} = {curvature:.3e} < 0 for {what[1]}; is "
+                f"the kernel positive semidefinite? (e.g. scikit-learn's 'sigmoid' kernel is not)")
         if status == _NEEDS_ROW:
             extra = _worst_without_row(a_np, g, kink, lo, hi, have, column.intercept, PREFETCH - 1)
             idx = np.unique(np.concatenate([[row], extra]).astype(np.int64))

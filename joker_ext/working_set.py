@@ -662,7 +662,7 @@ def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options:
             cache = _ColumnCache(operator, cache_columns, dtype, device)
             src = _KernelRows(cache)
             diagK = operator.kernel.diag(cache.X)
-            smo = _smo_applies(cache, dtype)
+            smo = start_iter == 0 and _smo_applies(cache, dtype)  # a resumed fit goes on with the decomposition
             if smo:
                 _smo_start(cache, diagK, loss, Y, c_col, alpha, intercept, opts, mon, lambda: sig.flag)
             F = src.matmul(alpha)

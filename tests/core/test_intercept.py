@@ -294,7 +294,7 @@ def test_engine_fitting_the_intercept_resumes_from_its_checkpoint(tmp_path, mode
     kw = dict(loss=loss, c=torch.full((500,), 20.0, dtype=F64), kernel=kernel, intercept=True,
               options=SolverOptions(tol=1e-12))
     full = fit_dual(torch.as_tensor(X), Y, feature_map=fmap(), **kw)
-    assert full.result.n_iter >= 4
+    assert full.result.n_iter >= 2  # (the working set takes 3 after its SMO phase)
     half = full.result.n_iter // 2
 
     def crash(info):

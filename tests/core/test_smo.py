@@ -120,3 +120,22 @@ def test_working_set_reaches_the_same_certified_optimum_with_and_without_the_smo
         assert m.result.status == "converged" and m.result.rel_gap <= 1e-10
         objectives.append(m.result.primal)
     assert abs(objectives[0] - objectives[1]) <= 1e-9 * abs(objectives[1])
+
+
+@pytest.mark.parametrize("intercept", [True, False])
+def test_smo_phase_refuses_a_kernel_that_is_not_positive_semidefinite(intercept):
+    """A tanh kernel (indefinite: numpy finds a negative eigenvalue of its matrix) makes a step of negative
+    curvature: the phase raises LinAlgError instead of returning a point that no certificate covers."""
+    from joker_ext.kernels import CallableKernel
+
+    X, y = make_binary(n=120, seed=0)
+    tanh = CallableKernel(lambda P, Q: torch.tanh(0.5 * P @ Q.T - 1.0), name="tanh")
+    Xt = torch.as_tensor(X)
+    assert np.linalg.eigvalsh(tanh(Xt, Xt).numpy()).min() < -1e-3
+    op = ExactOperator(tanh, BlockData(Xt, F64, torch.device("cpu")))
+    cache = _ColumnCache(op, 120, F64, torch.device("cpu"))
+    diag = op.kernel.diag(cache.X)
+    col = _Column(None, diag, get_loss("hinge"), torch.as_tensor(y, dtype=F64), torch.full((120,), 100.0, dtype=F64),
+                  intercept)
+    with pytest.raises(torch.linalg.LinAlgError, match="not positive semidefinite"):
+        smo_phase(cache, diag, col, torch.zeros(120, dtype=F64), tol=1e-10, deadline=float("inf"))
