@@ -25,10 +25,19 @@ working-set engine's cache of ``K`` (formed lazily, all ``n`` rows kept). A row 
 loop; the driver forms it together with the rows of the ``PREFETCH`` worst violators still without one (the
 coordinates the next steps choose) in one kernel evaluation.
 
+Coordinates at a bound (or at the kink) whose costs lie beyond the current extremes are left out of the choice
+every ``SHRINK_EVERY`` steps (LIBSVM's shrinking; ``g`` stays exact for all of them, so they return at no cost when
+the rest is optimal). The phase ends at the tolerance, after ``max_steps``, or once its sets (at ``lo``, at ``hi``,
+at the kink, free) have settled: a round of ``n / 4`` steps that changed the sets of fewer than ``settled`` times as
+many coordinates. What is left then is mostly the linear system on the free set, which one factorisation solves
+and thousands of further steps only approach.
+
 Why this phase: the working-set engine's subproblems cost factorisations, 10-20 of them when the sets are far from
 the solution's; the decomposition pays them while the free set and the bounds settle. Cheap steps find those sets
 first (the same sets LIBSVM finds), and the working-set engine then certifies and finishes to the relative gap's
-rounding floor from them, typically with one exact subproblem on the support vectors.
+rounding floor from them, in 1-5 outer iterations where it took 9-46 from zero (hinge against SVC on five KEEL sets
+at n = 4000: 1.5-6.7x SVC's time without the phase, 0.8-2.5x with it; the synthetic grid at n = 10,000: 0.45-0.99x
+SVC's and SVR's).
 
 The loop is compiled by numba (``cache=True``: once per installation); without numba the phase is skipped.
 """
