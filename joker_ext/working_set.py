@@ -16,7 +16,8 @@ two-coordinate steps of LIBSVM (:mod:`joker_ext.smo`, compiled by numba) until i
 ``SMO_STEPS n`` steps. Those steps find the sets that the decomposition's factorisations otherwise pay for, 10-20
 of them per subproblem while the sets are far from the solution's; the decomposition then certifies and finishes
 from there, mostly in 1-5 outer iterations (hinge against SVC on five KEEL sets at n = 4000: 1.5-6.7x SVC's time
-before, 0.9-2.5x with it). On a GPU, or with an LRU cache, the decomposition starts from the warm start (or zero).
+before, 0.8-2.5x with it). On a GPU, or with an LRU cache, the decomposition starts from the warm start (or zero); a
+resumed fit goes on with the decomposition at once.
 
 Every outer iteration:
 
@@ -593,7 +594,8 @@ def _smo_applies(cache: _ColumnCache, dtype) -> bool:
 def _smo_start(cache: _ColumnCache, diagK, loss: Loss, Y, c_col, alpha, intercept: bool, opts: SolverOptions,
                mon: Monitor, interrupted) -> None:
     """Each column of ``alpha`` moved, in place, by :func:`~joker_ext.smo.smo_phase` to a maximal violation of
-    ``SMO_TOL`` times its targets' scale (within the time budget)."""
+    ``SMO_TOL`` times its targets' scale, until its sets settle (``SMO_SETTLED``), or for ``SMO_STEPS n`` steps at most
+    (within the time budget)."""
     deadline = math.inf if opts.max_time is None else mon.t0 + opts.max_time
     for t in range(Y.shape[1]):
         col = _Column(None, diagK, loss.column(t), Y[:, t], c_col, intercept)
