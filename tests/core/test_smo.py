@@ -139,3 +139,16 @@ def test_smo_phase_refuses_a_kernel_that_is_not_positive_semidefinite(intercept)
                   intercept)
     with pytest.raises(torch.linalg.LinAlgError, match="not positive semidefinite"):
         smo_phase(cache, diag, col, torch.zeros(120, dtype=F64), tol=1e-10, deadline=float("inf"))
+
+
+def test_smo_phase_stops_once_its_sets_have_settled():
+    """With ``settled`` = 1 every round of steps counts as settled (a round of at least 1000 steps changes the sets
+    of at most the 160 coordinates there are): the phase stops after its first round, where without the rule it goes
+    on to the tolerance."""
+    from joker_ext import smo
+
+    cache, diag, col, K = _box_qp("absolute", False)
+    a = torch.zeros(K.shape[0], dtype=F64)
+    assert smo_phase(cache, diag, col, a, tol=1e-10, deadline=float("inf"), settled=1.0) == smo.SETTLE_MIN_STEPS
+    a.zero_()
+    assert smo_phase(cache, diag, col, a, tol=1e-10, deadline=float("inf"), max_steps=10**6) > 10 * smo.SETTLE_MIN_STEPS
