@@ -97,6 +97,24 @@ def _set_offsets(k, a, lo, hi, kink, up_off, down_off):  # pragma: no cover - co
 
 
 @_njit
+def _offsets(a, lo, hi, kink):  # pragma: no cover - compiled
+    """``(up_off, down_off)`` of every coordinate (:func:`_set_offsets`)."""
+    n = a.shape[0]
+    up_off, down_off = np.empty(n), np.empty(n)
+    for k in range(n):
+        _set_offsets(k, a, lo, hi, kink, up_off, down_off)
+    return up_off, down_off
+
+
+@_njit
+def _unshrink(act):  # pragma: no cover - compiled
+    """Every coordinate back in ``act``; returns their number."""
+    for k in range(act.shape[0]):
+        act[k] = k
+    return act.shape[0]
+
+
+@_njit
 def _shrink(act, n_act, a, g, kink, up_off, down_off, low, high):  # pragma: no cover - compiled
     """Keep in ``act[:n_act]`` the coordinates that may still be chosen: the free ones, and those at a bound or at
     the kink whose cost of moving off it is within ``[low, high]`` (up: ``dp <= high``; down: ``dm >= low``). Returns
@@ -120,9 +138,7 @@ def _pair_steps(R, have, diag, h, kink, lo, hi, a, g, tol, tau, max_steps, act, 
     optimal, all coordinates are checked again. The loops over coordinates avoid data-dependent branches (blocked
     directions cost infinity): mispredicted branches made a step 3-5x slower."""
     n = a.shape[0]
-    up_off, down_off = np.empty(n), np.empty(n)
-    for k in range(n):
-        _set_offsets(k, a, lo, hi, kink, up_off, down_off)
+    up_off, down_off = _offsets(a, lo, hi, kink)
     countdown = min(n, SHRINK_EVERY)
     for step in range(max_steps):
         i = -1
@@ -137,9 +153,7 @@ def _pair_steps(R, have, diag, h, kink, lo, hi, a, g, tol, tau, max_steps, act, 
             dm_max = max(dm_max, g[k] + down_off[k])
         if i < 0 or dm_max - dp_i < tol:
             if n_act < n:  # optimal on the shrunk set: check them all
-                for k in range(n):
-                    act[k] = k
-                n_act, countdown = n, min(n, SHRINK_EVERY)
+                n_act, countdown = _unshrink(act), min(n, SHRINK_EVERY)
                 continue
             return step, _CONVERGED, -1, n_act
         countdown -= 1
@@ -197,9 +211,7 @@ def _single_steps(R, have, diag, h, kink, lo, hi, a, g, tol, tau, max_steps, act
     """One-coordinate steps (no intercept), as :func:`_pair_steps` (a coordinate at a bound is kept while its cost
     of moving off it is within the current maximal violation)."""
     n = a.shape[0]
-    up_off, down_off = np.empty(n), np.empty(n)
-    for k in range(n):
-        _set_offsets(k, a, lo, hi, kink, up_off, down_off)
+    up_off, down_off = _offsets(a, lo, hi, kink)
     countdown = min(n, SHRINK_EVERY)
     for step in range(max_steps):
         i = -1
@@ -217,9 +229,7 @@ def _single_steps(R, have, diag, h, kink, lo, hi, a, g, tol, tau, max_steps, act
                 i = k
         if i < 0 or violation < tol:
             if n_act < n:
-                for k in range(n):
-                    act[k] = k
-                n_act, countdown = n, min(n, SHRINK_EVERY)
+                n_act, countdown = _unshrink(act), min(n, SHRINK_EVERY)
                 continue
             return step, _CONVERGED, -1, n_act
         countdown -= 1
