@@ -338,7 +338,10 @@ def smo_phase(cache, diag: torch.Tensor, column, a: torch.Tensor, *, tol: float,
         missing = nonzero[~have[nonzero]]
         if missing.size:
             cache(torch.from_numpy(missing))
-        g = a_np[nonzero] @ R[nonzero] + h * a_np - lin
+        g = h * a_np - lin
+        for s in range(0, nonzero.size, PREFETCH):  # a bounded block of rows at a time (not nnz x n at once)
+            block = nonzero[s:s + PREFETCH]
+            g += a_np[block] @ R[block]
     else:
         g = -lin.copy()
     steps_fn = _pair_steps if column.intercept else _single_steps
