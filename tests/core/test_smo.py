@@ -105,12 +105,15 @@ def test_smo_phase_keeps_its_budget():
 
 @pytest.mark.parametrize("name", ["hinge", "pinball"])
 def test_working_set_reaches_the_same_certified_optimum_with_and_without_the_smo_phase(monkeypatch, name):
-    """The decomposition alone (as on a GPU, or without numba) and after the SMO phase: both certified at a relative
-    gap of 1e-10 with the intercept, and their primal objectives agree."""
+    """The decomposition alone (as on a GPU, or without numba) and after the SMO phase (which a default fit on the CPU
+    runs): both certified at a relative gap of 1e-10 with the intercept, and their primal objectives agree."""
     import joker_ext.working_set as ws
 
     loss = get_loss(name, **PARAMS)
     X, y = (make_binary if loss.margin else make_regression)(n=300, seed=4)
+    steps = []
+    phase = ws.smo_phase
+    monkeypatch.setattr(ws, "smo_phase", lambda *a, **k: steps.append(phase(*a, **k)) or steps[-1])
     objectives = []
     for use in (True, False):
         monkeypatch.setattr(ws, "USE_SMO", use)
@@ -119,6 +122,7 @@ def test_working_set_reaches_the_same_certified_optimum_with_and_without_the_smo
                      solver="working_set", intercept=True)
         assert m.result.status == "converged" and m.result.rel_gap <= 1e-10
         objectives.append(m.result.primal)
+        assert (len(steps) == 1 and steps[0] > 0) if use else len(steps) == 1  # the phase ran in the first fit only
     assert abs(objectives[0] - objectives[1]) <= 1e-9 * abs(objectives[1])
 
 
