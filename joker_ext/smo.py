@@ -269,10 +269,8 @@ def _single_steps(R, have, diag, h, kink, lo, hi, a, g, tol, tau, max_steps, act
 def _worst_without_row(a, g, kink, lo, hi, have, intercept: bool, count: int) -> np.ndarray:
     """The ``count`` coordinates without a formed row that violate their optimality condition most (those the next
     steps are likely to choose)."""
-    sign_up = np.where(a >= 0, kink, -kink)
-    sign_down = np.where(a > 0, kink, -kink)
-    up_cost = np.where(a < hi, g + sign_up, np.inf)
-    down_cost = np.where(a > lo, g + sign_down, -np.inf)
+    up_off, down_off = _offsets(a, lo, hi, kink)
+    up_cost, down_cost = g + up_off, g + down_off
     if intercept:  # distance past the middle of the violated interval
         middle = 0.5 * (np.min(up_cost) + np.max(down_cost))
         score = np.maximum(middle - up_cost, down_cost - middle)
@@ -335,9 +333,7 @@ def smo_phase(cache, diag: torch.Tensor, column, a: torch.Tensor, *, tol: float,
     # g = K a + h a - lin, through the rows of the nonzero coordinates
     nonzero = np.flatnonzero(a_np)
     if nonzero.size:
-        missing = nonzero[~have[nonzero]]
-        if missing.size:
-            cache(torch.from_numpy(missing))
+        cache(torch.from_numpy(nonzero))  # forms the rows it lacks
         g = h * a_np - lin
         for s in range(0, nonzero.size, PREFETCH):  # a bounded block of rows at a time (not nnz x n at once)
             block = nonzero[s:s + PREFETCH]
@@ -350,7 +346,7 @@ def smo_phase(cache, diag: torch.Tensor, column, a: torch.Tensor, *, tol: float,
     act, n_act = np.arange(n, dtype=np.int64), n
     # the sets are checked every ``round_steps`` steps: the phase ends once they have settled
     round_steps = max(SETTLE_MIN_STEPS, int(SETTLE_ROUND * n))
-    round_end, sets = round_steps, _sets(a_np, lo, hi, kink)
+    round_end, sets = round_steps, column.status(a)[0]
     while taken < budget and time.perf_counter() < deadline and not interrupted():
         done, status, row, n_act = steps_fn(R, have, diag_np, h, kink, lo, hi, a_np, g, tol, tau,
                                             min(CHUNK_STEPS, budget - taken, round_end - taken), act, n_act)
@@ -370,14 +366,9 @@ def smo_phase(cache, diag: torch.Tensor, column, a: torch.Tensor, *, tol: float,
             idx = np.unique(np.concatenate([[row], extra]).astype(np.int64))
             cache(torch.from_numpy(idx))
         elif taken >= round_end:
-            now = _sets(a_np, lo, hi, kink)
-            if np.count_nonzero(now != sets) < settled * round_steps:
+            now = column.status(a)[0]
+            if int((now != sets).sum()) < settled * round_steps:
                 break
             round_end, sets = taken + round_steps, now
     return taken
 
-
-def _sets(a: np.ndarray, lo: np.ndarray, hi: np.ndarray, kink: float) -> np.ndarray:
-    """Each coordinate's set: 0 at ``lo``, 1 at ``hi``, 2 at the kink (zero, with a kink), 3 free."""
-    at_kink = (a == 0) if kink else np.zeros(a.shape, dtype=bool)
-    return np.where(a <= lo, 0, np.where(a >= hi, 1, np.where(at_kink, 2, 3))).astype(np.int8)
