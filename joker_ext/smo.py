@@ -21,9 +21,12 @@ intercept, ``a`` is optimal iff ``min dp`` over the coordinates below ``hi`` is 
 
 Without an intercept, one coordinate moves: the one whose exact step gains most (``dp_i^2 / Q_ii`` up, ``dm_i^2 /
 Q_ii`` down). A step costs ``O(n)`` (the choice and the update) plus the kernel rows it needs, read from the
-working-set engine's cache of ``K`` (formed lazily, all ``n`` rows kept). A row not yet formed stops the compiled
-loop; the driver forms it together with the rows of the ``PREFETCH`` worst violators still without one (the
-coordinates the next steps choose) in one kernel evaluation.
+working-set engine's cache of ``K`` (formed lazily, all ``n`` rows kept). A row not yet formed is formed by the
+compiled loop itself for the stationary kernels on inputs of at most ``FORM_MAX_DIM`` dimensions
+(:mod:`joker_ext.kernel_rows`: ``O(n d)``, only the rows the steps read). Otherwise it stops the loop, and the
+driver forms it together with the rows of the ``PREFETCH`` worst violators still without one (the coordinates the
+next steps are likely to choose) in one kernel evaluation: matrix products are cheaper per row, but most of the
+guessed rows are never read (banana, n = 4000: 3,994 rows formed where the steps read 1,057).
 
 Coordinates at a bound (or at the kink) whose costs lie beyond the current extremes are left out of the choice
 every ``SHRINK_EVERY`` steps (LIBSVM's shrinking; ``g`` stays exact for all of them, so they return at no cost when
@@ -55,11 +58,19 @@ try:  # optional: the phase is skipped without it
 except ImportError:  # pragma: no cover - numba is a dependency; this keeps the engine usable without it
     numba = None
 
+from .kernel_rows import NONE as NO_FORMER, RowFormer, form_row, no_row_former, row_former
+
 __all__ = ["smo_available", "smo_phase"]
 
 #: Rows formed per kernel evaluation when a step needs a row that is missing: that row and the rows of the worst
 #: violators without one.
 PREFETCH = 256
+#: Rows are formed one at a time inside the loop (:mod:`joker_ext.kernel_rows`) for inputs of at most this many
+#: dimensions, in blocks through the cache beyond. A formed row costs about ``n (0.2 d + 1.6)`` ns there against
+#: ``n (4 to 5)`` ns a row in blocks, which form 2-4x the rows the steps read. Measured against blocks alone
+#: (hinge and epsilon-insensitive, n = 4000, two alternating fits, best of each): d = 2-12, 0.51-0.86x the fit's
+#: time (banana 0.51x, syn8 0.73x, phoneme 0.77x); d = 16-32, 0.95-1.5x; the KEEL sets of d = 57 and 98 within 10%.
+FORM_MAX_DIM = 20
 #: Steps per call of the compiled loop (between calls the driver checks the time budget and an interrupt).
 CHUNK_STEPS = 20_000
 #: Steps per round of the settling test (times n, at least ``SETTLE_MIN_STEPS``).
@@ -130,7 +141,8 @@ def _shrink(act, n_act, a, g, kink, up_off, down_off, low, high):  # pragma: no 
 
 
 @_njit
-def _pair_steps(R, have, diag, h, kink, lo, hi, a, g, tol, tau, max_steps, act, n_act):  # pragma: no cover
+def _pair_steps(R, have, rows, diag, h, kink, lo, hi, a, g, tol, tau, max_steps, act, n_act,
+                countdown):  # pragma: no cover - compiled
     """Pair steps (with an intercept) until the maximal violation is below ``tol``, ``max_steps`` are taken, or a
     step needs a row ``have`` lacks; returns ``(steps, status, row, n_act)``. The pair is chosen among
     ``act[:n_act]``, shrunk every ``SHRINK_EVERY`` steps to the coordinates whose costs lie within the current
@@ -139,7 +151,6 @@ def _pair_steps(R, have, diag, h, kink, lo, hi, a, g, tol, tau, max_steps, act, 
     directions cost infinity): mispredicted branches made a step 3-5x slower."""
     n = a.shape[0]
     up_off, down_off = _offsets(a, lo, hi, kink)
-    countdown = min(n, SHRINK_EVERY)
     for step in range(max_steps):
         i = -1
         dp_i = math.inf
@@ -155,13 +166,16 @@ def _pair_steps(R, have, diag, h, kink, lo, hi, a, g, tol, tau, max_steps, act, 
             if n_act < n:  # optimal on the shrunk set: check them all
                 n_act, countdown = _unshrink(act), min(n, SHRINK_EVERY)
                 continue
-            return step, _CONVERGED, -1, n_act
+            return step, _CONVERGED, -1, n_act, countdown
         countdown -= 1
         if countdown == 0:
             n_act = _shrink(act, n_act, a, g, kink, up_off, down_off, dp_i, dm_max)
             countdown = min(n, SHRINK_EVERY)
         if not have[i]:
-            return step, _NEEDS_ROW, i, n_act
+            if rows.family == NO_FORMER:
+                return step, _NEEDS_ROW, i, n_act, countdown
+            form_row(rows.points, rows.family, rows.scale, i, R[i], rows.scratch)
+            have[i] = True
         Ri = R[i]
         qi = diag[i] + h[i]
         j = -1
@@ -174,13 +188,16 @@ def _pair_steps(R, have, diag, h, kink, lo, hi, a, g, tol, tau, max_steps, act, 
                 best = gain
                 j = k
         if j < 0:
-            return step, _CONVERGED, -1, n_act
+            return step, _CONVERGED, -1, n_act, countdown
         if not have[j]:
-            return step, _NEEDS_ROW, j, n_act
+            if rows.family == NO_FORMER:
+                return step, _NEEDS_ROW, j, n_act, countdown
+            form_row(rows.points, rows.family, rows.scale, j, R[j], rows.scratch)
+            have[j] = True
         Rj = R[j]
         curvature = qi + diag[j] + h[j] - 2.0 * Ri[j]
         if curvature < -NEGATIVE_CURVATURE * (abs(qi) + abs(diag[j] + h[j])):
-            return step, _INDEFINITE, i * n + j, n_act
+            return step, _INDEFINITE, i * n + j, n_act, countdown
         # the exact step along e_i - e_j, cut at the bounds and at the kink (the costs change there)
         t = (g[j] + down_off[j] - dp_i) / max(curvature, tau)
         ai_end, up_room = hi[i], hi[i] - a[i]
@@ -194,7 +211,7 @@ def _pair_steps(R, have, diag, h, kink, lo, hi, a, g, tol, tau, max_steps, act, 
         if down_room < t:
             t = down_room
         if t <= 0.0:
-            return step, _CONVERGED, -1, n_act
+            return step, _CONVERGED, -1, n_act, countdown
         a[i] = ai_end if t == up_room else a[i] + t
         a[j] = aj_end if t == down_room else a[j] - t
         _set_offsets(i, a, lo, hi, kink, up_off, down_off)
@@ -203,16 +220,16 @@ def _pair_steps(R, have, diag, h, kink, lo, hi, a, g, tol, tau, max_steps, act, 
             g[k] += t * (Ri[k] - Rj[k])
         g[i] += h[i] * t
         g[j] -= h[j] * t
-    return max_steps, _STEPS, -1, n_act
+    return max_steps, _STEPS, -1, n_act, countdown
 
 
 @_njit
-def _single_steps(R, have, diag, h, kink, lo, hi, a, g, tol, tau, max_steps, act, n_act):  # pragma: no cover
+def _single_steps(R, have, rows, diag, h, kink, lo, hi, a, g, tol, tau, max_steps, act, n_act,
+                  countdown):  # pragma: no cover - compiled
     """One-coordinate steps (no intercept), as :func:`_pair_steps` (a coordinate at a bound is kept while its cost
     of moving off it is within the current maximal violation)."""
     n = a.shape[0]
     up_off, down_off = _offsets(a, lo, hi, kink)
-    countdown = min(n, SHRINK_EVERY)
     for step in range(max_steps):
         i = -1
         best = 0.0
@@ -231,15 +248,18 @@ def _single_steps(R, have, diag, h, kink, lo, hi, a, g, tol, tau, max_steps, act
             if n_act < n:
                 n_act, countdown = _unshrink(act), min(n, SHRINK_EVERY)
                 continue
-            return step, _CONVERGED, -1, n_act
+            return step, _CONVERGED, -1, n_act, countdown
         countdown -= 1
         if countdown == 0:
             n_act = _shrink(act, n_act, a, g, kink, up_off, down_off, -violation, violation)
             countdown = min(n, SHRINK_EVERY)
         if not have[i]:
-            return step, _NEEDS_ROW, i, n_act
+            if rows.family == NO_FORMER:
+                return step, _NEEDS_ROW, i, n_act, countdown
+            form_row(rows.points, rows.family, rows.scale, i, R[i], rows.scratch)
+            have[i] = True
         if diag[i] + h[i] < -NEGATIVE_CURVATURE * abs(diag[i] + h[i]):
-            return step, _INDEFINITE, i * n + i, n_act
+            return step, _INDEFINITE, i * n + i, n_act, countdown
         q = max(diag[i] + h[i], tau)
         ai = a[i]
         if g[i] + up_off[i] < 0.0:  # up (the two directions cannot both gain: down_off <= up_off)
@@ -256,14 +276,14 @@ def _single_steps(R, have, diag, h, kink, lo, hi, a, g, tol, tau, max_steps, act
             ai_new = end if -t >= room else ai + t
         t = ai_new - ai
         if t == 0.0:
-            return step, _CONVERGED, -1, n_act
+            return step, _CONVERGED, -1, n_act, countdown
         a[i] = ai_new
         _set_offsets(i, a, lo, hi, kink, up_off, down_off)
         Ri = R[i]
         for k in range(n):
             g[k] += t * Ri[k]
         g[i] += h[i] * t
-    return max_steps, _STEPS, -1, n_act
+    return max_steps, _STEPS, -1, n_act, countdown
 
 
 def _worst_without_row(a, g, kink, lo, hi, have, intercept: bool, count: int) -> np.ndarray:
@@ -282,6 +302,13 @@ def _worst_without_row(a, g, kink, lo, hi, have, intercept: bool, count: int) ->
         return np.zeros(0, dtype=np.int64)
     top = np.argpartition(-score, count - 1)[:count]
     return top[score[top] > 0]
+
+
+def _row_former(cache) -> RowFormer:
+    """The former of the cache's kernel rows inside the loop, where it has one and the inputs have at most
+    ``FORM_MAX_DIM`` dimensions; else the rows come through the cache, in blocks."""
+    former = row_former(cache.operator.kernel, cache.X) if cache.X.shape[1] <= FORM_MAX_DIM else None
+    return former or no_row_former()
 
 
 def smo_phase(cache, diag: torch.Tensor, column, a: torch.Tensor, *, tol: float, deadline: float,
@@ -341,15 +368,17 @@ def smo_phase(cache, diag: torch.Tensor, column, a: torch.Tensor, *, tol: float,
     else:
         g = -lin.copy()
     steps_fn = _pair_steps if column.intercept else _single_steps
+    rows = _row_former(cache)
     budget = 50 * n if max_steps is None else int(max_steps)
     taken = 0
-    act, n_act = np.arange(n, dtype=np.int64), n
+    act, n_act, countdown = np.arange(n, dtype=np.int64), n, min(n, SHRINK_EVERY)
     # the sets are checked every ``round_steps`` steps: the phase ends once they have settled
     round_steps = max(SETTLE_MIN_STEPS, int(SETTLE_ROUND * n))
     round_end, sets = round_steps, column.status(a)[0]
     while taken < budget and time.perf_counter() < deadline and not interrupted():
-        done, status, row, n_act = steps_fn(R, have, diag_np, h, kink, lo, hi, a_np, g, tol, tau,
-                                            min(CHUNK_STEPS, budget - taken, round_end - taken), act, n_act)
+        done, status, row, n_act, countdown = steps_fn(R, have, rows, diag_np, h, kink, lo, hi, a_np, g, tol, tau,
+                                                       min(CHUNK_STEPS, budget - taken, round_end - taken), act,
+                                                       n_act, countdown)
         taken += done
         if status == _CONVERGED:
             break

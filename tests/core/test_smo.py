@@ -7,7 +7,7 @@ import torch
 
 from joker_ext.active_set import _Column
 from joker_ext.data import BlockData
-from joker_ext.kernels import GaussianKernel
+from joker_ext.kernels import CallableKernel, GaussianKernel
 from joker_ext.losses import get_loss
 from joker_ext.model import fit_dual
 from joker_ext.operators import ExactOperator
@@ -23,10 +23,13 @@ BOX_LOSSES = ["hinge", "epsilon_insensitive", "absolute", "pinball", "squared_hi
 pytestmark = pytest.mark.skipif(not smo_available(), reason="numba is not installed")
 
 
-def _box_qp(name: str, intercept: bool, n: int = 160, C: float = 2.0, seed: int = 0):
+def _box_qp(name: str, intercept: bool, n: int = 160, C: float = 2.0, seed: int = 0, rows: str = "loop"):
+    """The box QP of a loss on a small problem; ``rows``: 'loop' (a Gaussian kernel, whose rows the compiled loop
+    forms itself) or 'blocks' (the same kernel as a callable: rows come through the cache, in blocks)."""
     loss = get_loss(name, **PARAMS)
     X, y = (make_binary if loss.margin else make_regression)(n=n, seed=seed)
-    op = ExactOperator(GaussianKernel(0.7), BlockData(torch.as_tensor(X), F64, torch.device("cpu")))
+    kernel = GaussianKernel(0.7) if rows == "loop" else CallableKernel(GaussianKernel(0.7))
+    op = ExactOperator(kernel, BlockData(torch.as_tensor(X), F64, torch.device("cpu")))
     cache = _ColumnCache(op, n, F64, torch.device("cpu"))
     diag = op.kernel.diag(cache.X)
     yt = torch.as_tensor(y, dtype=F64)
@@ -58,12 +61,13 @@ def _cvxpy_optimum(K, col) -> float:
     return float(prob.value)
 
 
+@pytest.mark.parametrize("rows", ["loop", "blocks"])
 @pytest.mark.parametrize("intercept", [True, False])
 @pytest.mark.parametrize("name", BOX_LOSSES)
-def test_smo_phase_reaches_the_cvxpy_optimum_of_the_box_qp(name, intercept):
+def test_smo_phase_reaches_the_cvxpy_optimum_of_the_box_qp(name, intercept, rows):
     """Run to a tight tolerance, the steps stay in the box (and on sum a = 0 with an intercept) and reach the
-    optimal value cvxpy finds for the same QP."""
-    cache, diag, col, K = _box_qp(name, intercept)
+    optimal value cvxpy finds for the same QP, whether the loop forms its kernel rows or the cache does."""
+    cache, diag, col, K = _box_qp(name, intercept, rows=rows)
     a = torch.zeros(K.shape[0], dtype=F64)
     steps = smo_phase(cache, diag, col, a, tol=1e-10, deadline=float("inf"), max_steps=10**6)
     a = a.numpy()
@@ -157,3 +161,28 @@ def test_smo_phase_stops_once_its_sets_have_settled():
     assert smo_phase(cache, diag, col, a, tol=1e-10, deadline=float("inf"), settled=1.0) == smo.SETTLE_MIN_STEPS
     a.zero_()
     assert smo_phase(cache, diag, col, a, tol=1e-10, deadline=float("inf"), max_steps=10**6) > 10 * smo.SETTLE_MIN_STEPS
+
+
+def test_smo_phase_shrinks_across_the_calls_of_its_compiled_loop(monkeypatch):
+    """The compiled loop returns to the driver every ``CHUNK_STEPS`` steps (and whenever a row is missing): with
+    calls shorter than the shrinking's period (100 steps here, against every 160 = n steps), the countdown carries
+    over, so the choice set still shrinks to the coordinates within the current extremes (it was restarted at every
+    call, and never reached). The result stays cvxpy's optimum."""
+    from joker_ext import smo
+
+    monkeypatch.setattr(smo, "CHUNK_STEPS", 100)
+    chosen_from = []
+    steps = smo._pair_steps
+
+    def recorded(*args):
+        out = steps(*args)
+        chosen_from.append(out[3])  # the size of the choice set on return
+        return out
+
+    monkeypatch.setattr(smo, "_pair_steps", recorded)
+    cache, diag, col, K = _box_qp("hinge", True, C=100.0, rows="blocks")
+    a = torch.zeros(K.shape[0], dtype=F64)
+    smo_phase(cache, diag, col, a, tol=1e-10, deadline=float("inf"), max_steps=10**6)
+    assert min(chosen_from) < K.shape[0]
+    best = _cvxpy_optimum(K, col)
+    assert _objective(K, col, a.numpy()) <= best + 1e-8 * max(1.0, abs(best))
