@@ -14,6 +14,9 @@ the row a step needs, from the compiled loop itself:
 
 The rows agree with :class:`joker_ext.kernels.StationaryKernel`'s blocks to rounding; the kernels it cannot form
 (:func:`row_former` returns None) go on through the blocks.
+
+numba's cache of the compiled loops that call :func:`form_row` does not follow the call into this module: after
+editing it, touch :mod:`joker_ext.smo` (or clear its ``__pycache__``).
 """
 from __future__ import annotations
 
