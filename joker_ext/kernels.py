@@ -137,6 +137,11 @@ class Kernel:
         """Diagonal ``k(x_i, x_i)``; stationary kernels override this with a constant."""
         return torch.stack([self(X[i : i + 1], X[i : i + 1])[0, 0] for i in range(X.shape[0])])
 
+    def against(self, X2: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """A function ``X1 -> self(X1, X2)``, for many blocks ``X1`` against the same points ``X2`` (the rows of a
+        kernel matrix, block by block); a kernel may prepare ``X2``'s part of the evaluation once."""
+        return lambda X1: self(X1, X2)
+
     def mmv(
         self,
         X1: torch.Tensor,
@@ -440,6 +445,24 @@ class StationaryKernel(SpectralKernel):
         if self.outputscale != 1.0:
             K.mul_(self.outputscale)
         return K
+
+    def against(self, X2: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """As :meth:`Kernel.against`; the Gaussian scales and centres ``X2`` and takes its half squared norms once
+        (the same numbers as :meth:`__call__`, bit for bit: repeating them for every block of 256 rows against
+        4,000 points cost 40% of the block's time at d = 25-98)."""
+        if self.family != "gaussian":
+            return super().against(X2)
+        B = self.scale_inputs(X2)
+        mean = B.mean(dim=0, keepdim=True) if B.shape[0] > 0 else 0.0
+        B = B - mean
+        half_norms = (B * B).sum(1).mul_(-0.5).unsqueeze(0)
+
+        def block(X1: torch.Tensor) -> torch.Tensor:
+            A = self.scale_inputs(X1) - mean
+            K = ((A * A).sum(1, keepdim=True).mul_(-0.5) + half_norms).addmm_(A, B.T).clamp_(max=0.0).exp_()
+            return K.mul_(self.outputscale) if self.outputscale != 1.0 else K
+
+        return block
 
     def diag(self, X: torch.Tensor) -> torch.Tensor:
         return torch.full((X.shape[0],), self.outputscale, dtype=X.dtype, device=X.device)

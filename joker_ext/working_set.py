@@ -229,18 +229,18 @@ class _ColumnCache:
             self.clock = 0
             self.filled = 0  # slots 0 .. filled-1 hold a row (the others are used before any eviction)
         self.X = operator.data.all().to(dtype=dtype, device=device)
+        self.rows = operator.kernel.against(self.X)  # K(X1, X): the kernel's evaluation prepared on X
 
     def _fill(self, slots: torch.Tensor, idx: torch.Tensor) -> None:
         for s in range(0, idx.numel(), self.chunk):
-            self.buffer.index_copy_(0, slots[s:s + self.chunk],
-                                    self.operator.kernel(self.X[idx[s:s + self.chunk]], self.X))
+            self.buffer.index_copy_(0, slots[s:s + self.chunk], self.rows(self.X[idx[s:s + self.chunk]]))
 
     def __call__(self, idx: torch.Tensor):
         """``(R, rows)`` with ``R[rows] = K[idx, :]`` for unique ``idx``: ``R`` is the cache's buffer, or a fresh
         block (``rows = arange``) when ``idx`` holds more than ``capacity`` coordinates. The rows stay valid
         until the next call."""
         if idx.numel() > self.capacity:
-            return self.operator.kernel(self.X[idx], self.X), torch.arange(idx.numel(), device=idx.device)
+            return self.rows(self.X[idx]), torch.arange(idx.numel(), device=idx.device)
         if self.full:
             missing = idx[~self.have[idx]]
             if missing.numel():

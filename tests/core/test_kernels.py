@@ -46,6 +46,27 @@ def test_gaussian_ard_and_outputscale(data):
     np.testing.assert_allclose(K, ref, rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("kernel", [GaussianKernel(1.7), GaussianKernel([0.5, 1.0, 2.0, 3.0], outputscale=2.5),
+                                    MaternKernel(1.2, nu=1.5), CallableKernel(GaussianKernel(0.9))],
+                         ids=["gaussian", "gaussian-ard", "matern", "callable"])
+def test_rows_against_fixed_points_match_scikit_learn_block_by_block(data, kernel):
+    """``kernel.against(B)`` (the Gaussian prepares B once) gives, block by block, the kernel's own blocks bit for
+    bit and scikit-learn's values to rounding, in float64 and float32."""
+    A, B = data
+    sig = np.broadcast_to(np.asarray(getattr(kernel, "sigma", 0.9), dtype=np.float64), (4,))
+    scale = getattr(kernel, "outputscale", 1.0)
+    if isinstance(kernel, StationaryKernel) and kernel.family == "matern":
+        ref = scale * Matern(length_scale=1.0, nu=1.5)(A / sig, B / sig)
+    else:
+        ref = scale * rbf_kernel(A / sig, B / sig, gamma=0.5)
+    for dtype, rtol in ((torch.float64, 1e-12), (torch.float32, 1e-5)):
+        rows = kernel.against(T(B).to(dtype))
+        for part in (slice(0, 7), slice(7, 40)):
+            got = rows(T(A[part]).to(dtype))
+            assert torch.equal(got, kernel(T(A[part]).to(dtype), T(B).to(dtype)))
+            np.testing.assert_allclose(got.double().numpy(), ref[part], rtol=rtol, atol=10 * rtol)
+
+
 def test_laplacian_l1_matches_sklearn(data):
     A, B = data
     K = LaplacianL1Kernel(2.0)(T(A), T(B)).numpy()
