@@ -144,10 +144,11 @@ def _shrink(act, n_act, a, g, kink, up_off, down_off, low, high):  # pragma: no 
 def _pair_steps(R, have, rows, diag, h, kink, lo, hi, a, g, tol, tau, max_steps, act, n_act,
                 countdown):  # pragma: no cover - compiled
     """Pair steps (with an intercept) until the maximal violation is below ``tol``, ``max_steps`` are taken, or a
-    step needs a row ``have`` lacks; returns ``(steps, status, row, n_act)``. The pair is chosen among
-    ``act[:n_act]``, shrunk every ``SHRINK_EVERY`` steps to the coordinates whose costs lie within the current
-    extremes (LIBSVM's shrinking; ``g`` stays exact for all, so nothing needs reconstructing): when those are
-    optimal, all coordinates are checked again. The loops over coordinates avoid data-dependent branches (blocked
+    step needs a row ``have`` lacks and ``rows`` (a :class:`~joker_ext.kernel_rows.RowFormer`) cannot form it;
+    returns ``(steps, status, row, n_act, countdown)``. The pair is chosen among ``act[:n_act]``, shrunk every
+    ``SHRINK_EVERY`` steps (``countdown`` steps from now; it carries over from call to call) to the coordinates whose
+    costs lie within the current extremes (LIBSVM's shrinking; ``g`` stays exact for all, so nothing needs
+    reconstructing): when those are optimal, all coordinates are checked again. The loops over coordinates avoid data-dependent branches (blocked
     directions cost infinity): mispredicted branches made a step 3-5x slower."""
     n = a.shape[0]
     up_off, down_off = _offsets(a, lo, hi, kink)
