@@ -205,7 +205,8 @@ def estimate_fit_memory(n: int, d: int, T: int = 1, *, n_features: Optional[int]
         itemsize = torch.finfo(WORKING_SET_DTYPE).bits // 8  # it computes in that dtype whatever the inputs'
         rows = working_set_cache_rows(n, itemsize, q) if cache_columns is None else max(1, min(int(cache_columns), n))
         B = min(n, 2 * q)
-        per_row = n * (WORKING_SET_ROW_VECTORS * T + 1) * itemsize
+        # the row vectors, and the points as the kernel prepared them for the cache's rows (Kernel.against)
+        per_row = n * (WORKING_SET_ROW_VECTORS * T + 1 + d + 1) * itemsize
         per_block = (rows * n + (WORKING_SET_MATRICES + WORKING_SET_CARRIED * T) * B * B + B * d) * itemsize
         per_chunk = min(max(1, FILL_ELEMENTS // n), B) * n * itemsize  # the kernel rows of a cache fill
         return MemoryEstimate(per_row, per_block, per_chunk, 0)
