@@ -26,6 +26,8 @@ from typing import NamedTuple, Optional
 import numpy as np
 import torch
 
+from .kernels import StationaryKernel
+
 try:  # optional: without numba the SMO phase, the only caller, is skipped
     import numba
 except ImportError:  # pragma: no cover - numba is a dependency
@@ -65,8 +67,6 @@ def no_row_former() -> RowFormer:
 def row_former(kernel, X: torch.Tensor) -> Optional[RowFormer]:
     """The :class:`RowFormer` of ``kernel`` on the rows ``X`` (float64, CPU), or None when its rows cannot be
     formed in the loop (kernels other than :class:`joker_ext.kernels.StationaryKernel`)."""
-    from .kernels import StationaryKernel
-
     if numba is None or type(kernel) is not StationaryKernel:
         return None
     if kernel.family == "gaussian":
