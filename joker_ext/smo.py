@@ -118,6 +118,19 @@ def _offsets(a, lo, hi, kink):  # pragma: no cover - compiled
 
 
 @_njit
+def _row_at_hand(R, have, rows, k):  # pragma: no cover - compiled
+    """Whether row ``k`` of ``R`` holds ``K(x_k, X)``: formed before, or now by ``rows`` (a
+    :class:`~joker_ext.kernel_rows.RowFormer`); False when it is missing and ``rows`` cannot form it."""
+    if have[k]:
+        return True
+    if rows.family == NO_FORMER:
+        return False
+    form_row(rows.points, rows.family, rows.scale, k, R[k], rows.scratch)
+    have[k] = True
+    return True
+
+
+@_njit
 def _unshrink(act):  # pragma: no cover - compiled
     """Every coordinate back in ``act``; returns their number."""
     for k in range(act.shape[0]):
@@ -172,11 +185,8 @@ def _pair_steps(R, have, rows, diag, h, kink, lo, hi, a, g, tol, tau, max_steps,
         if countdown == 0:
             n_act = _shrink(act, n_act, a, g, kink, up_off, down_off, dp_i, dm_max)
             countdown = min(n, SHRINK_EVERY)
-        if not have[i]:
-            if rows.family == NO_FORMER:
-                return step, _NEEDS_ROW, i, n_act, countdown
-            form_row(rows.points, rows.family, rows.scale, i, R[i], rows.scratch)
-            have[i] = True
+        if not _row_at_hand(R, have, rows, i):
+            return step, _NEEDS_ROW, i, n_act, countdown
         Ri = R[i]
         qi = diag[i] + h[i]
         j = -1
@@ -190,11 +200,8 @@ def _pair_steps(R, have, rows, diag, h, kink, lo, hi, a, g, tol, tau, max_steps,
                 j = k
         if j < 0:
             return step, _CONVERGED, -1, n_act, countdown
-        if not have[j]:
-            if rows.family == NO_FORMER:
-                return step, _NEEDS_ROW, j, n_act, countdown
-            form_row(rows.points, rows.family, rows.scale, j, R[j], rows.scratch)
-            have[j] = True
+        if not _row_at_hand(R, have, rows, j):
+            return step, _NEEDS_ROW, j, n_act, countdown
         Rj = R[j]
         curvature = qi + diag[j] + h[j] - 2.0 * Ri[j]
         if curvature < -NEGATIVE_CURVATURE * (abs(qi) + abs(diag[j] + h[j])):
@@ -254,11 +261,8 @@ def _single_steps(R, have, rows, diag, h, kink, lo, hi, a, g, tol, tau, max_step
         if countdown == 0:
             n_act = _shrink(act, n_act, a, g, kink, up_off, down_off, -violation, violation)
             countdown = min(n, SHRINK_EVERY)
-        if not have[i]:
-            if rows.family == NO_FORMER:
-                return step, _NEEDS_ROW, i, n_act, countdown
-            form_row(rows.points, rows.family, rows.scale, i, R[i], rows.scratch)
-            have[i] = True
+        if not _row_at_hand(R, have, rows, i):
+            return step, _NEEDS_ROW, i, n_act, countdown
         if diag[i] + h[i] < -NEGATIVE_CURVATURE * abs(diag[i] + h[i]):
             return step, _INDEFINITE, i * n + i, n_act, countdown
         q = max(diag[i] + h[i], tau)
