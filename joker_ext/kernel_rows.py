@@ -117,21 +117,48 @@ def exp_nonpositive(x, out, scratch):  # pragma: no cover - compiled
 
 
 @_njit
-def form_row(points, family, scale, i, row, scratch):  # pragma: no cover - compiled
-    """``row[k] = k(x_i, x_k)`` for every ``k``, from the scaled points ``points`` (``d x n``) of a kernel of
-    ``family`` (a code of this module) and output ``scale``; ``scratch``: ``3 x n``."""
+def _distances(points, i, row, l1):  # pragma: no cover - compiled
+    """``row[k] = sum_c |p_ci - p_ck|`` (``l1``) or ``sum_c (p_ci - p_ck)^2`` over the dimensions ``c`` of
+    ``points`` (``d x n``), eight dimensions per pass over ``row`` (a pass per dimension is bound by the loads and
+    stores of ``row``: 1.5-1.7x slower at d = 8-98, n = 4000)."""
     d, n = points.shape
     for k in range(n):
         row[k] = 0.0
-    for c in range(d):
-        pc = points[c, i]
-        if family == LAPLACIAN_L1:
+    c = 0
+    while c + 8 <= d:
+        q0, q1, q2, q3 = points[c, i], points[c + 1, i], points[c + 2, i], points[c + 3, i]
+        q4, q5, q6, q7 = points[c + 4, i], points[c + 5, i], points[c + 6, i], points[c + 7, i]
+        r0, r1, r2, r3 = points[c], points[c + 1], points[c + 2], points[c + 3]
+        r4, r5, r6, r7 = points[c + 4], points[c + 5], points[c + 6], points[c + 7]
+        if l1:
             for k in range(n):
-                row[k] += abs(pc - points[c, k])
+                row[k] += (((abs(q0 - r0[k]) + abs(q1 - r1[k])) + (abs(q2 - r2[k]) + abs(q3 - r3[k])))
+                           + ((abs(q4 - r4[k]) + abs(q5 - r5[k])) + (abs(q6 - r6[k]) + abs(q7 - r7[k]))))
         else:
             for k in range(n):
-                diff = pc - points[c, k]
-                row[k] += diff * diff
+                e0, e1, e2, e3 = q0 - r0[k], q1 - r1[k], q2 - r2[k], q3 - r3[k]
+                e4, e5, e6, e7 = q4 - r4[k], q5 - r5[k], q6 - r6[k], q7 - r7[k]
+                row[k] += (((e0 * e0 + e1 * e1) + (e2 * e2 + e3 * e3))
+                           + ((e4 * e4 + e5 * e5) + (e6 * e6 + e7 * e7)))
+        c += 8
+    while c < d:
+        qc, rc = points[c, i], points[c]
+        if l1:
+            for k in range(n):
+                row[k] += abs(qc - rc[k])
+        else:
+            for k in range(n):
+                e = qc - rc[k]
+                row[k] += e * e
+        c += 1
+
+
+@_njit
+def form_row(points, family, scale, i, row, scratch):  # pragma: no cover - compiled
+    """``row[k] = k(x_i, x_k)`` for every ``k``, from the scaled points ``points`` (``d x n``) of a kernel of
+    ``family`` (a code of this module) and output ``scale``; ``scratch``: ``3 x n``."""
+    n = points.shape[1]
+    _distances(points, i, row, family == LAPLACIAN_L1)
     arg = scratch[1]  # the exponential's argument
     if family == GAUSSIAN:
         for k in range(n):

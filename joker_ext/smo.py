@@ -66,10 +66,13 @@ __all__ = ["smo_available", "smo_phase"]
 #: violators without one.
 PREFETCH = 256
 #: Rows are formed one at a time inside the loop (:mod:`joker_ext.kernel_rows`) for inputs of at most this many
-#: dimensions, in blocks through the cache beyond. A formed row costs about ``n (0.2 d + 1.6)`` ns there against
-#: ``n (4 to 5)`` ns a row in blocks, which form 2-4x the rows the steps read. Measured against blocks alone
-#: (hinge and epsilon-insensitive, n = 4000, two alternating fits, best of each): d = 2-12, 0.51-0.86x the fit's
-#: time (banana 0.51x, syn8 0.73x, phoneme 0.77x); d = 16-32, 0.95-1.5x; the KEEL sets of d = 57 and 98 within 10%.
+#: dimensions, in blocks through the cache beyond. A formed row costs about ``n (0.11 d + 1.4)`` ns there (one
+#: thread) against ``n (3 to 5)`` ns a row in blocks (two threads), which form 2-4x the rows the steps read.
+#: Measured against blocks alone (hinge and epsilon-insensitive, n = 4000, two alternating fits, best of each):
+#: d = 2-12, 0.51-0.86x the fit's time (banana 0.51x, syn8 0.73x, phoneme 0.77x); d = 16-32, 0.95-1.5x; the KEEL
+#: sets of d = 57 and 98 within 10%. With the rows' distances eight dimensions a pass (session 37): d = 12-16,
+#: 0.72-0.86x; d = 25, 1.0-1.07x; d = 32, 1.19-1.27x where the steps read nearly every row (most points free);
+#: d = 50-57, 0.89-0.90x where they read 30% of them (scikit-learn's make_classification, spambase); d = 98 1.08x.
 FORM_MAX_DIM = 20
 #: Steps per call of the compiled loop (between calls the driver checks the time budget and an interrupt).
 CHUNK_STEPS = 20_000
