@@ -52,21 +52,24 @@ EXP_FLOOR = -708.0
 
 class RowFormer(NamedTuple):
     """What the compiled loop needs to form rows of ``K(X, X)``: ``points`` (``d x n``, the scaled inputs by
-    dimension), the family's code, the output scale, and scratch space (``3 x n``)."""
+    dimension), the family's code, the output scale, scratch space (``3 x n``), and ``left[0]``, the rows it may
+    still form (the loop counts it down; at 0 it forms no more)."""
     points: np.ndarray
     family: int
     scale: float
     scratch: np.ndarray
+    left: np.ndarray
 
 
 def no_row_former() -> RowFormer:
     """The former of a kernel whose rows the loop cannot form (family ``NONE``)."""
-    return RowFormer(np.zeros((0, 0)), NONE, 1.0, np.zeros((3, 0)))
+    return RowFormer(np.zeros((0, 0)), NONE, 1.0, np.zeros((3, 0)), np.zeros(1, dtype=np.int64))
 
 
-def row_former(kernel, X: torch.Tensor) -> Optional[RowFormer]:
+def row_former(kernel, X: torch.Tensor, max_rows: Optional[int] = None) -> Optional[RowFormer]:
     """The :class:`RowFormer` of ``kernel`` on the rows ``X`` (float64, CPU), or None when its rows cannot be
-    formed in the loop (kernels other than :class:`joker_ext.kernels.StationaryKernel`)."""
+    formed in the loop (kernels other than :class:`joker_ext.kernels.StationaryKernel`). ``max_rows``: the most
+    rows it forms (default: no limit)."""
     if numba is None or type(kernel) is not StationaryKernel:
         return None
     if kernel.family == "gaussian":
@@ -76,7 +79,8 @@ def row_former(kernel, X: torch.Tensor) -> Optional[RowFormer]:
     else:  # 'laplacian' is the Matern of nu = 1/2
         family = {0.5: LAPLACIAN, 1.5: MATERN_15, 2.5: MATERN_25}[float(kernel.nu)]
     points = kernel.scale_inputs(X.to(torch.float64)).T.contiguous().numpy()
-    return RowFormer(points, family, float(kernel.outputscale), np.empty((3, X.shape[0])))
+    left = np.array([np.iinfo(np.int64).max if max_rows is None else max(0, int(max_rows))], dtype=np.int64)
+    return RowFormer(points, family, float(kernel.outputscale), np.empty((3, X.shape[0])), left)
 
 
 def _njit(fn):

@@ -11,6 +11,7 @@ from joker_ext.kernels import CallableKernel, GaussianKernel
 from joker_ext.losses import get_loss
 from joker_ext.model import fit_dual
 from joker_ext.operators import ExactOperator
+from joker_ext import smo
 from joker_ext.smo import smo_available, smo_phase
 from joker_ext.solver import SolverOptions
 from joker_ext.working_set import _ColumnCache
@@ -61,17 +62,28 @@ def _cvxpy_optimum(K, col) -> float:
     return float(prob.value)
 
 
-@pytest.mark.parametrize("rows", ["loop", "blocks"])
+@pytest.mark.parametrize("rows", ["loop", "blocks", "budget"])
 @pytest.mark.parametrize("intercept", [True, False])
 @pytest.mark.parametrize("name", BOX_LOSSES)
-def test_smo_phase_reaches_the_cvxpy_optimum_of_the_box_qp(name, intercept, rows):
+def test_smo_phase_reaches_the_cvxpy_optimum_of_the_box_qp(monkeypatch, name, intercept, rows):
     """Run to a tight tolerance, the steps stay in the box (and on sum a = 0 with an intercept) and reach the
-    optimal value cvxpy finds for the same QP, whether the loop forms its kernel rows or the cache does."""
-    cache, diag, col, K = _box_qp(name, intercept, rows=rows)
-    a = torch.zeros(K.shape[0], dtype=F64)
+    optimal value cvxpy finds for the same QP, whether the loop forms its kernel rows, the cache does, or the loop
+    forms them up to its budget (inputs above ``FORM_MAX_DIM`` dimensions: ``FORM_SHARE n`` rows) and the cache
+    the rest."""
+    cache, diag, col, K = _box_qp(name, intercept, rows="blocks" if rows == "blocks" else "loop")
+    n = K.shape[0]
+    in_blocks = []
+    if rows == "budget":
+        monkeypatch.setattr(smo, "FORM_MAX_DIM", 0)
+        monkeypatch.setattr(smo, "FORM_SHARE", 0.25)
+        fill = cache._fill
+        monkeypatch.setattr(cache, "_fill", lambda slots, idx: in_blocks.append(idx.numel()) or fill(slots, idx))
+    a = torch.zeros(n, dtype=F64)
     steps = smo_phase(cache, diag, col, a, tol=1e-10, deadline=float("inf"), max_steps=10**6)
     a = a.numpy()
     assert steps > 0
+    if rows == "budget":  # the loop formed its quarter of the rows (no more), the cache at least one block
+        assert in_blocks and int(cache.have.sum()) - sum(in_blocks) == n // 4
     assert np.all(a >= col.lo.numpy()) and np.all(a <= col.hi.numpy())
     if intercept:
         assert abs(a.sum()) <= 1e-10 * np.abs(a).sum()
