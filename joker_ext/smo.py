@@ -23,7 +23,8 @@ Without an intercept, one coordinate moves: the one whose exact step gains most 
 Q_ii`` down). A step costs ``O(n)`` (the choice and the update) plus the kernel rows it needs, read from the
 working-set engine's cache of ``K`` (formed lazily, all ``n`` rows kept). A row not yet formed is formed by the
 compiled loop itself for the stationary kernels (:mod:`joker_ext.kernel_rows`: ``O(n d)``, only the rows the steps
-read), on inputs of more than ``FORM_MAX_DIM`` dimensions only until ``FORM_SHARE n`` rows are held. Otherwise it
+read), on inputs of more than ``FORM_MAX_DIM`` dimensions only until ``FORM_SHARE n`` rows are held, and on
+more than ``FORM_SHARE_MAX_DIM`` not at all. Otherwise it
 stops the loop, and the driver forms it together with the rows of the ``PREFETCH`` worst violators still without
 one (the coordinates the next steps are likely to choose) in one kernel evaluation: matrix products are cheaper per
 row, but most of the guessed rows are never read (banana, n = 4000: 3,994 rows formed where the steps read 1,057).
@@ -80,9 +81,13 @@ FORM_MAX_DIM = 20
 #: (most points free) the blocks are, and half of the rows in the loop costs little there. Measured against blocks
 #: alone (two alternating fits, best of each, n = 4000, hinge unless said): make_classification d = 50, C = 1 and 10,
 #: 0.63x and 0.81x; spambase 0.77x; mushroom (d = 98) 0.94-1.04x; most points free (d = 25-32, gamma 0.125,
-#: hinge and epsilon-insensitive) 1.00-1.08x. All rows in the loop: the same on the first three, 1.06-1.22x on the
-#: last.
+#: hinge and epsilon-insensitive) 1.00-1.08x, at n = 10,000 (d = 32, gamma 0.05) 1.10-1.13x in one run and
+#: 0.92-0.97x in another. All rows in the loop: the same on the first three, 1.06-1.22x on the last.
 FORM_SHARE = 0.5
+#: ... and only up to this many dimensions: beyond, a row formed in the loop costs 2.5-3x a row of a block, and where
+#: most points are free the budget's rows cost 15-50% of the fit (epsilon-insensitive on make_regression, d = 64-100,
+#: n = 4000 and 10,000), where rows in the loop gained nothing on mushroom (d = 98, 30% of the rows read).
+FORM_SHARE_MAX_DIM = 60
 #: Steps per call of the compiled loop (between calls the driver checks the time budget and an interrupt).
 CHUNK_STEPS = 20_000
 #: Steps per round of the settling test (times n, at least ``SETTLE_MIN_STEPS``).
@@ -323,9 +328,12 @@ def _worst_without_row(a, g, kink, lo, hi, have, intercept: bool, count: int) ->
 
 
 def _row_former(cache) -> RowFormer:
-    """The former of the cache's kernel rows inside the loop, where it has one and the inputs have at most
-    ``FORM_MAX_DIM`` dimensions; else the rows come through the cache, in blocks."""
+    """The former of the cache's kernel rows inside the loop, where it has one: without a limit on inputs of at most
+    ``FORM_MAX_DIM`` dimensions, up to ``FORM_SHARE n`` rows held on up to ``FORM_SHARE_MAX_DIM``; else (and beyond
+    its budget) the rows come through the cache, in blocks."""
     n, d = cache.X.shape
+    if d > FORM_SHARE_MAX_DIM:
+        return no_row_former()
     budget = None if d <= FORM_MAX_DIM else int(FORM_SHARE * n) - int(cache.have.sum())
     former = row_former(cache.operator.kernel, cache.X, budget)
     return former or no_row_former()
