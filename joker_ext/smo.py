@@ -24,10 +24,10 @@ Q_ii`` down). A step costs ``O(n)`` (the choice and the update) plus the kernel 
 working-set engine's cache of ``K`` (formed lazily, all ``n`` rows kept). A row not yet formed is formed by the
 compiled loop itself for the stationary kernels (:mod:`joker_ext.kernel_rows`: ``O(n d)``, only the rows the steps
 read), on inputs of more than ``FORM_MAX_DIM`` dimensions only until ``FORM_SHARE n`` rows are held, and on
-more than ``FORM_SHARE_MAX_DIM`` not at all. Otherwise it
-stops the loop, and the driver forms it together with the rows of the ``PREFETCH`` worst violators still without
-one (the coordinates the next steps are likely to choose) in one kernel evaluation: matrix products are cheaper per
-row, but most of the guessed rows are never read (banana, n = 4000: 3,994 rows formed where the steps read 1,057).
+more than ``FORM_SHARE_MAX_DIM`` not at all. Otherwise it stops the loop, and the driver forms it together with the
+rows of the ``PREFETCH`` worst violators still without one (the coordinates the next steps are likely to choose) in
+one kernel evaluation: matrix products are cheaper per row, but most of the guessed rows are never read (banana,
+n = 4000: 3,994 rows formed where the steps read 1,057).
 
 Coordinates at a bound (or at the kink) whose costs lie beyond the current extremes are left out of the choice
 every ``SHRINK_EVERY`` steps (LIBSVM's shrinking; ``g`` stays exact for all of them, so they return at no cost when
@@ -86,7 +86,7 @@ FORM_MAX_DIM = 20
 FORM_SHARE = 0.5
 #: ... and only up to this many dimensions: beyond, a row formed in the loop costs 2.5-3x a row of a block, and where
 #: most points are free the budget's rows cost 15-50% of the fit (epsilon-insensitive on make_regression, d = 64-100,
-#: n = 4000 and 10,000), where rows in the loop gained nothing on mushroom (d = 98, 30% of the rows read).
+#: n = 4000 and 10,000), and rows in the loop gained nothing on mushroom (d = 98, 30% of the rows read).
 FORM_SHARE_MAX_DIM = 60
 #: Steps per call of the compiled loop (between calls the driver checks the time budget and an interrupt).
 CHUNK_STEPS = 20_000

@@ -110,6 +110,24 @@ def test_smo_phase_from_a_warm_start_keeps_its_sum_and_only_decreases_the_object
     assert _objective(K, col, a.numpy()) <= best + 1e-8 * abs(best)
 
 
+@pytest.mark.parametrize("d", [5, 30, 61])
+def test_the_loop_forms_rows_without_limit_up_to_form_max_dim_then_up_to_its_share_then_none(d):
+    """Up to ``FORM_MAX_DIM`` dimensions the loop may form every row; up to ``FORM_SHARE_MAX_DIM`` it may form
+    ``FORM_SHARE n`` rows less those the cache holds; beyond, none (the kernel is one it can form)."""
+    n = 200
+    X = torch.as_tensor(np.random.default_rng(0).standard_normal((n, d)))
+    op = ExactOperator(GaussianKernel(float(np.sqrt(d))), BlockData(X, F64, torch.device("cpu")))
+    cache = _ColumnCache(op, n, F64, torch.device("cpu"))
+    cache(torch.arange(10))  # ten rows held
+    left = int(smo._row_former(cache).left[0])
+    if d <= smo.FORM_MAX_DIM:
+        assert left >= n
+    elif d <= smo.FORM_SHARE_MAX_DIM:
+        assert left == int(smo.FORM_SHARE * n) - 10
+    else:
+        assert smo._row_former(cache).family == smo.NO_FORMER
+
+
 def test_smo_phase_keeps_its_budget():
     """A passed deadline or an interrupt takes no step; ``max_steps`` bounds the steps."""
     cache, diag, col, K = _box_qp("hinge", True)
