@@ -66,8 +66,9 @@ __all__ = ["smo_available", "smo_phase"]
 #: Rows formed per kernel evaluation when a step needs a row that is missing: that row and the rows of the worst
 #: violators without one.
 PREFETCH = 256
-#: Rows are formed one at a time inside the loop (:mod:`joker_ext.kernel_rows`) for inputs of at most this many
-#: dimensions, in blocks through the cache beyond. A formed row costs about ``n (0.11 d + 1.4)`` ns there (one
+#: Rows are formed one at a time inside the loop (:mod:`joker_ext.kernel_rows`), as many as the steps read, for inputs
+#: of at most this many dimensions (beyond: ``FORM_SHARE``, ``FORM_SHARE_MAX_DIM``; the rest in blocks through the
+#: cache). A formed row costs about ``n (0.11 d + 1.4)`` ns there (one
 #: thread) against ``n (3 to 5)`` ns a row in blocks (two threads), which form 2-4x the rows the steps read.
 #: Measured against blocks alone (hinge and epsilon-insensitive, n = 4000, two alternating fits, best of each):
 #: d = 2-12, 0.51-0.86x the fit's time (banana 0.51x, syn8 0.73x, phoneme 0.77x); d = 16-32, 0.95-1.5x; the KEEL
