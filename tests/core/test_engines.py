@@ -726,6 +726,40 @@ def test_working_set_with_most_support_vectors_free_reaches_libsvm(monkeypatch, 
     assert primal(a, f) <= primal(a_ref, f_ref) * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("n_free", [200, 60])
+def test_working_set_of_a_mostly_free_problem_adds_the_worst_violators_that_are_not_free(n_free):
+    """With at least a quarter of the coordinates free, the working set is the free set and the worst violators among
+    the other coordinates (by their intercept bounds, half from each side), a tenth as many as the free ones but at
+    least q / 2 (here 16 + 16); below a quarter, the worst violators of all coordinates, which may be free ones already in the
+    set. The references are numpy's orderings of the bounds."""
+    from joker_ext.active_set import _Column
+    import joker_ext.working_set as ws
+
+    n, q = 400, 64
+    rng = np.random.default_rng(0)
+    y = torch.as_tensor(np.where(rng.random(n) < 0.5, 1.0, -1.0))
+    col = _Column(None, torch.ones(n, dtype=F64), get_loss("hinge"), y, torch.ones(n, dtype=F64), True)
+    a = torch.where(torch.as_tensor(rng.random(n) < 0.5), col.lo, col.hi)  # every coordinate at a bound ...
+    free = np.sort(rng.choice(n, n_free, replace=False))
+    a[free] = 0.5 * (col.lo + col.hi)[free]  # ... but these
+    lower = torch.as_tensor(rng.standard_normal(n))
+    upper = lower + torch.as_tensor(rng.random(n))
+    B = ws._select(col, a, (lower, upper), q, True, cap=4 * n).numpy()
+    assert set(free) <= set(B)
+    added = np.setdiff1d(B, free)
+    if n_free == 200:  # half of them free
+        others = np.setdiff1d(np.arange(n), free)
+        half = 16
+        up = others[np.argsort(-lower.numpy()[others])[:half]]
+        down = others[np.argsort(upper.numpy()[others])[:half]]
+        np.testing.assert_array_equal(added, np.union1d(up, down))
+    else:  # 15% free: the plain choice, 2 |free| coordinates in all, the worst of all coordinates, free ones among them
+        half = (max(q, 2 * n_free) - n_free) // 2
+        up, down = np.argsort(-lower.numpy())[:half], np.argsort(upper.numpy())[:half]
+        np.testing.assert_array_equal(B, np.union1d(free, np.union1d(up, down)))
+        assert np.intersect1d(np.union1d(up, down), free).size > 0
+
+
 def test_working_set_cap_takes_a_stable_free_set_that_exact_subproblems_leave_beyond_it(monkeypatch):
     """The absolute loss with a narrow kernel interpolates: every coordinate is free at the solution, 25 times what
     the first cap (2 q = 24) admits. Warm-started near the solution, the free set stays that large from one exact
