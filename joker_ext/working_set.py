@@ -137,19 +137,19 @@ CAP_PATIENCE = 3
 #: eleven hinge and epsilon-insensitive problems at gamma <= 0.5 within the noise (0.95x the time overall).
 STABLE_FREE = 0.05
 #: Where at least this share of the coordinates is free (most points are support vectors), the violators a working set
-#: adds to its free coordinates come from the coordinates that are not free, ``MOSTLY_FREE_VIOLATORS`` times as many
-#: as the free ones at most (at least ``q / 2``). The worst violators by the intercept bounds are mostly free
-#: coordinates there, already in the set: after the SMO phase the working sets held the free set and a dozen others,
-#: and each exact subproblem solve left new violators outside (mushroom at 4x scikit-learn's gamma, 3,374 of 4,000 free:
-#: five outer iterations, the gap falling 15-300x each). Measured against the plain choice (n = 4000 unless said,
-#: best of three alternating fits): mushroom (hinge) at 4x 'scale' 0.85x (5 -> 2 iterations);
-#: epsilon-insensitive on make_regression, d = 8, 0.88x, d = 32, 0.98x, d = 32 at n = 10,000, 0.85x; on
-#: make_sparse_uncorrelated (C = 10) 0.91x; hinge at d = 32 1.04-1.12x (n = 4000, C = 10; noise on this machine is
-#: 10-25%) and 1.04x (n = 10,000). A quarter of the free ones instead of a tenth: sparse_uncorrelated 1.9x (its
-#: quick steps failed, the interior point solved the subproblem). Below 40% free the choice is the plain one: where
-#: the quick steps fail, the interior point pays for every coordinate added (spambase at 4x 'scale', 28% free: 1.6x
-#: the time with the rule from a quarter on; mushroom at 'scale', 27% free, gained 0.85x from it); at 9-16% free
-#: (spambase at 'scale', flights) spambase took 1.5x its time with these violators.
+#: adds to its free coordinates come from the coordinates that are not free, ``MOSTLY_FREE_VIOLATORS`` times as many as
+#: the free ones at most (at least ``q / 2``). The worst violators by the intercept bounds are mostly free coordinates
+#: there, already in the set: after the SMO phase the working sets held the free set and a dozen others, and each exact
+#: subproblem solve left new violators outside (mushroom at 4x scikit-learn's gamma, 3,374 of 4,000 free: five outer
+#: iterations, the gap falling 15-300x each). Measured against the plain choice (n = 4000 unless said, best of three
+#: alternating fits): mushroom (hinge) at 4x 'scale' 0.85x (5 -> 2 iterations); epsilon-insensitive on make_regression,
+#: d = 8, 0.88x, d = 32, 0.98x, d = 32 at n = 10,000, 0.85x; on make_sparse_uncorrelated (C = 10, 38% free: now below
+#: the share) 0.91x; hinge at d = 32 1.04-1.12x (n = 4000, C = 10; noise on this machine is 10-25%) and 1.04x (n =
+#: 10,000). A quarter of the free ones instead of a tenth: sparse_uncorrelated 1.9x (its quick steps failed, the
+#: interior point solved the subproblem). Below 40% free the choice is the plain one: where the quick steps fail, the
+#: interior point pays for every coordinate added (spambase at 4x 'scale', 28% free: 1.6x the time with the rule from a
+#: quarter on; mushroom at 'scale', 27% free, gained 0.85x from it); at 9-16% free (spambase at 'scale', flights)
+#: spambase took 1.5x its time with these violators.
 MOSTLY_FREE_SHARE = 0.4
 MOSTLY_FREE_VIOLATORS = 0.1
 #: Factor by which the smallest proximal weight a column's subproblems may take (raised by a cycle) falls per subproblem.
