@@ -187,8 +187,8 @@ def _pair_steps(R, have, rows, diag, h, kink, lo, hi, a, g, tol, tau, max_steps,
     returns ``(steps, status, row, n_act, countdown)``. The pair is chosen among ``act[:n_act]``, shrunk every
     ``SHRINK_EVERY`` steps (``countdown`` steps from now; it carries over from call to call) to the coordinates whose
     costs lie within the current extremes (LIBSVM's shrinking; ``g`` stays exact for all, so nothing needs
-    reconstructing): when those are optimal, all coordinates are checked again. The loops over coordinates avoid data-dependent branches (blocked
-    directions cost infinity): mispredicted branches made a step 3-5x slower."""
+    reconstructing): when those are optimal, all coordinates are checked again. The loops over coordinates avoid
+    data-dependent branches (blocked directions cost infinity): mispredicted branches made a step 3-5x slower."""
     n = a.shape[0]
     up_off, down_off = _offsets(a, lo, hi, kink)
     for step in range(max_steps):

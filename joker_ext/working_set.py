@@ -317,12 +317,12 @@ def _select(col: _Column, a, bounds, q: int, intercept: bool, b: float = 0.0, ca
     n = a.numel()
     is_free = _free(col, a) if is_free is None else is_free
     free = torch.nonzero(is_free).reshape(-1)
-    mostly_free = free.numel() >= MOSTLY_FREE_SHARE * n
+    many_free = free.numel() >= MOSTLY_FREE_SHARE * n  # (of all coordinates; not the working set's share)
     cap = MAX_SET_FACTOR * q if cap is None else cap
     if 2 * free.numel() > cap:  # a free coordinate is optimal at b = lower = upper
         free = free[torch.topk((lower[free] - b).abs(), cap // 2).indices]
     budget = min(n, max(q, 2 * free.numel())) - free.numel()
-    if mostly_free:  # the violators from the coordinates that are not free
+    if many_free:  # the violators from the coordinates that are not free
         budget = min(budget, max(q // 2, int(MOSTLY_FREE_VIOLATORS * free.numel())))
         lower, upper = lower.masked_fill(is_free, -math.inf), upper.masked_fill(is_free, math.inf)
     if intercept:
