@@ -237,3 +237,29 @@ def test_smo_phase_shrinks_across_the_calls_of_its_compiled_loop(monkeypatch):
     assert min(chosen_from) < K.shape[0]
     best = _cvxpy_optimum(K, col)
     assert _objective(K, col, a.numpy()) <= best + 1e-8 * max(1.0, abs(best))
+
+
+@pytest.mark.parametrize("n, d", [(1500, 16), (2000, 10)])
+def test_first_subproblem_after_the_smo_phase_tries_the_exact_steps_before_a_proximal_round(monkeypatch, n, d):
+    """After the SMO phase, whose sets are nearly the solution's, the first subproblem of mostly violators first takes
+    active-set steps at the smallest proximal weight: on these easy problems the fit ends after that one outer iteration
+    (a proximal round first took 2-3), with SVC's decision function (tol 1e-10)."""
+    from sklearn.datasets import make_classification
+    from sklearn.svm import SVC
+    from joker_ext import JokerClassifier
+    import joker_ext.working_set as ws
+
+    X, y = make_classification(n_samples=n, n_features=d, n_informative=d // 2, class_sep=1.5, flip_y=0.0,
+                               random_state=2)
+    gamma = 1.0 / (d * X.var())
+    subproblem = ws._subproblem
+    fits = []
+    for near_first in (True, False):
+        if not near_first:  # every subproblem as any other: a proximal round first
+            monkeypatch.setattr(ws, "_subproblem", lambda *args: subproblem(*args[:-1], False))
+        est = JokerClassifier(loss="hinge", C=1.0, gamma=gamma, fit_intercept=True).fit(X, y)
+        assert est.status_ == "converged" and est.relative_gap_ <= 1e-10
+        fits.append(est)
+    assert fits[0].n_iter_ == 1 and fits[1].n_iter_ >= 2
+    svc = SVC(C=1.0, gamma=gamma, tol=1e-10).fit(X, y)
+    np.testing.assert_allclose(fits[0].decision_function(X[:200]), svc.decision_function(X[:200]), atol=1e-5)
