@@ -24,7 +24,7 @@ Q_ii`` down). A step costs ``O(n)`` (the choice and the update) plus the kernel 
 working-set engine's cache of ``K`` (formed lazily, all ``n`` rows kept). A row not yet formed is formed by the
 compiled loop itself for the stationary kernels (:mod:`joker_ext.kernel_rows`: ``O(n d)``, only the rows the steps
 read), on inputs of more than ``FORM_MAX_DIM`` dimensions only until ``FORM_SHARE n`` rows are held, and on
-more than ``FORM_SHARE_MAX_DIM`` not at all. Otherwise it stops the loop, and the driver forms it together with the
+more than ``FORM_SHARE_MAX_DIM`` until a share falling as ``1 / d`` is. Otherwise it stops the loop, and the driver forms it together with the
 rows of the worst violators still without one (the coordinates the next steps are likely to choose) in one kernel
 evaluation: matrix products are cheaper per row, but many of the guessed rows are never read (banana, n = 4000, in
 blocks of 256: 3,994 rows formed where the steps read 1,057), so the blocks grow while their rows are used and
@@ -92,10 +92,18 @@ FORM_MAX_DIM = 20
 #: hinge and epsilon-insensitive) 1.00-1.08x, at n = 10,000 (d = 32, gamma 0.05) 1.10-1.13x in one run and
 #: 0.92-0.97x in another. All rows in the loop: the same on the first three, 1.06-1.22x on the last.
 FORM_SHARE = 0.5
-#: ... and only up to this many dimensions: beyond, a row formed in the loop costs 2.5-3x a row of a block, and where
-#: most points are free the budget's rows cost 15-50% of the fit (epsilon-insensitive on make_regression, d = 64-100,
-#: n = 4000 and 10,000), and rows in the loop gained nothing on mushroom (d = 98, 30% of the rows read).
+#: ... up to this many dimensions; beyond, a row formed in the loop costs 2.5-3x a row of a block (more as ``d``
+#: grows), and where most points are free the share's rows cost 15-50% of the fit (epsilon-insensitive on
+#: make_regression, d = 64-100, n = 4000 and 10,000), so the share falls to ``FORM_SHARE_HIGH_DIM FORM_SHARE_MAX_DIM /
+#: d``: enough for the problems whose steps read few rows, whose blocks of guessed rows cost more than the rows they
+#: use (optdigits, d = 64: 331 rows in 22 blocks for 286 steps, the blocks' copies into fresh memory alone a sixth of
+#: the phase). Measured against no rows in the loop beyond 60 dimensions (three or six alternating fits, best of
+#: each, n = 4000): optdigits at C = 1 and 10 0.69x and 0.83x; mushroom (d = 98) 0.90-0.97x; make_classification
+#: d = 64 and 100 0.91x and 1.08x (noise: 0.83x in another run); epsilon-insensitive on make_regression (most points
+#: free), d = 64, 1.00x, d = 100, 1.05x, d = 64 at n = 10,000, 0.98x. With the share at FORM_SHARE (0.5) whatever
+#: ``d``: the last three 1.04x, 1.20x and 1.11x; scaled by ``(60 / d)^2``: 1.13x, 1.14x, 1.11x.
 FORM_SHARE_MAX_DIM = 60
+FORM_SHARE_HIGH_DIM = 0.15
 #: Steps per call of the compiled loop (between calls the driver checks the time budget and an interrupt).
 CHUNK_STEPS = 20_000
 #: Steps per round of the settling test (times n, at least ``SETTLE_MIN_STEPS``).
@@ -361,12 +369,14 @@ class _Prefetch:
 
 def _row_former(cache) -> RowFormer:
     """The former of the cache's kernel rows inside the loop, where it has one: without a limit on inputs of at most
-    ``FORM_MAX_DIM`` dimensions, up to ``FORM_SHARE n`` rows held on up to ``FORM_SHARE_MAX_DIM``; else (and beyond
-    its budget) the rows come through the cache, in blocks."""
+    ``FORM_MAX_DIM`` dimensions, up to ``FORM_SHARE n`` rows held on up to ``FORM_SHARE_MAX_DIM``, up to
+    ``FORM_SHARE_HIGH_DIM FORM_SHARE_MAX_DIM n / d`` beyond; else (and beyond its budget) the rows come through the
+    cache, in blocks."""
     n, d = cache.X.shape
-    if d > FORM_SHARE_MAX_DIM:
-        return no_row_former()
-    budget = None if d <= FORM_MAX_DIM else int(FORM_SHARE * n) - int(cache.have.sum())
+    budget = None
+    if d > FORM_MAX_DIM:
+        share = FORM_SHARE if d <= FORM_SHARE_MAX_DIM else FORM_SHARE_HIGH_DIM * FORM_SHARE_MAX_DIM / d
+        budget = int(share * n) - int(cache.have.sum())
     former = row_former(cache.operator.kernel, cache.X, budget)
     return former or no_row_former()
 

@@ -110,10 +110,11 @@ def test_smo_phase_from_a_warm_start_keeps_its_sum_and_only_decreases_the_object
     assert _objective(K, col, a.numpy()) <= best + 1e-8 * abs(best)
 
 
-@pytest.mark.parametrize("d", [5, 30, 61])
-def test_the_loop_forms_rows_without_limit_up_to_form_max_dim_then_up_to_its_share_then_none(d):
+@pytest.mark.parametrize("d", [5, 30, 61, 300])
+def test_the_loop_forms_rows_without_limit_up_to_form_max_dim_then_up_to_its_share_then_a_falling_share(d):
     """Up to ``FORM_MAX_DIM`` dimensions the loop may form every row; up to ``FORM_SHARE_MAX_DIM`` it may form
-    ``FORM_SHARE n`` rows less those the cache holds; beyond, none (the kernel is one it can form)."""
+    ``FORM_SHARE n`` rows less those the cache holds; beyond, ``FORM_SHARE_HIGH_DIM FORM_SHARE_MAX_DIM n / d`` less
+    those (none when the cache holds more)."""
     n = 200
     X = torch.as_tensor(np.random.default_rng(0).standard_normal((n, d)))
     op = ExactOperator(GaussianKernel(float(np.sqrt(d))), BlockData(X, F64, torch.device("cpu")))
@@ -125,14 +126,16 @@ def test_the_loop_forms_rows_without_limit_up_to_form_max_dim_then_up_to_its_sha
     elif d <= smo.FORM_SHARE_MAX_DIM:
         assert left == int(smo.FORM_SHARE * n) - 10
     else:
-        assert smo._row_former(cache).family == smo.NO_FORMER
+        share = smo.FORM_SHARE_HIGH_DIM * smo.FORM_SHARE_MAX_DIM / d
+        assert left == max(0, int(share * n) - 10)
+        assert left < int(smo.FORM_SHARE * n) - 10
 
 
-def test_blocks_of_guessed_rows_stay_within_twice_the_rows_the_steps_use():
-    """Where the loop forms no rows (d = 70 > ``FORM_SHARE_MAX_DIM``), a missing row comes in a block with the rows of
-    the worst violators. On an easy problem (two well-separated classes, 150 of 3000 points end as support vectors)
-    the steps use few of those guesses, and the blocks shrink: the rows formed stay within twice the support vectors
-    (blocks of 256 formed 1,531 rows here, ten times as many)."""
+def test_blocks_of_guessed_rows_stay_within_twice_the_rows_the_steps_use(monkeypatch):
+    """Where the loop forms no rows (d = 70, its share beyond ``FORM_SHARE_MAX_DIM`` set to none), a missing row comes in
+    a block with the rows of the worst violators. On an easy problem (two well-separated classes, 150 of 3000 points
+    end as support vectors) the steps use few of those guesses, and the blocks shrink: the rows formed stay within
+    twice the support vectors (blocks of 256 formed 1,531 rows here, ten times as many)."""
     n, d = 3000, 70
     rng = np.random.default_rng(0)
     y = np.where(rng.random(n) < 0.5, 1.0, -1.0)
@@ -140,6 +143,7 @@ def test_blocks_of_guessed_rows_stay_within_twice_the_rows_the_steps_use():
     op = ExactOperator(GaussianKernel(float(np.sqrt(d))), BlockData(torch.as_tensor(X), F64, torch.device("cpu")))
     cache = _ColumnCache(op, n, F64, torch.device("cpu"))
     assert d > smo.FORM_SHARE_MAX_DIM
+    monkeypatch.setattr(smo, "FORM_SHARE_HIGH_DIM", 0.0)
     diag = op.kernel.diag(cache.X)
     col = _Column(None, diag, get_loss("hinge"), torch.as_tensor(y), torch.full((n,), 1.0, dtype=F64), True)
     a = torch.zeros(n, dtype=F64)
