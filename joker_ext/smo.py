@@ -24,11 +24,11 @@ Q_ii`` down). A step costs ``O(n)`` (the choice and the update) plus the kernel 
 working-set engine's cache of ``K`` (formed lazily, all ``n`` rows kept). A row not yet formed is formed by the
 compiled loop itself for the stationary kernels (:mod:`joker_ext.kernel_rows`: ``O(n d)``, only the rows the steps
 read), on inputs of more than ``FORM_MAX_DIM`` dimensions only until ``FORM_SHARE n`` rows are held, and on
-more than ``FORM_SHARE_MAX_DIM`` until a share falling as ``1 / d`` is. Otherwise it stops the loop, and the driver forms it together with the
-rows of the worst violators still without one (the coordinates the next steps are likely to choose) in one kernel
-evaluation: matrix products are cheaper per row, but many of the guessed rows are never read (banana, n = 4000, in
-blocks of 256: 3,994 rows formed where the steps read 1,057), so the blocks grow while their rows are used and
-shrink while they are not (``PREFETCH``).
+more than ``FORM_SHARE_MAX_DIM`` until a share falling as ``1 / d`` is. Otherwise it stops the loop, and the driver
+forms it together with the rows of the worst violators still without one (the coordinates the next steps are likely
+to choose) in one kernel evaluation: matrix products are cheaper per row, but many of the guessed rows are never read
+(banana, n = 4000, in blocks of 256: 3,994 rows formed where the steps read 1,057), so the blocks grow while their
+rows are used and shrink while they are not (``PREFETCH``).
 
 Coordinates at a bound (or at the kink) whose costs lie beyond the current extremes are left out of the choice
 every ``SHRINK_EVERY`` steps (LIBSVM's shrinking; ``g`` stays exact for all of them, so they return at no cost when

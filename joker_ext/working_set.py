@@ -418,11 +418,10 @@ def _subproblem(col: _Column, K_BB, B, a, f, b: float, sigma: float, floor: floa
     """Proximal active-set rounds on the block ``B`` (``K_BB`` its kernel block; ``factor`` the column's free-block
     factor, numbered as ``B``; ``mostly_free``: whether free coordinates make at least half of the working set that
     :func:`_select` chose; ``quick``: whether a mostly free set first tries the quick steps from its current sets;
-    ``near``: whether ``a_B`` starts near the subproblem's solution, where a set of mostly violators first tries the
-    quick steps too: the first subproblem after the SMO phase, which a proximal round moved only part of the way,
-    leaving the exact solve to a second outer iteration); returns the new ``a_B``, the subproblem's intercept, the next proximal weight, the floor, whether ``a_B`` is the
-    subproblem's exact solution (a round at the smallest weight whose sets held at once), and whether quick steps
-    were tried and failed."""
+    ``near``: whether ``a_B`` starts near the subproblem's solution, the first subproblem after the SMO phase, where a
+    set of mostly violators tries the quick steps too); returns the new ``a_B``, the subproblem's intercept, the next
+    proximal weight, the floor, whether ``a_B`` is the subproblem's exact solution (a round at the smallest weight
+    whose sets held at once), and whether a mostly free set's quick steps were tried and failed."""
     aB = a[B]
     fB = K_BB @ aB
     sub = _Column(K_BB, K_BB.diagonal().clone(), col.loss, col.y[B], col.c[B], col.intercept,
@@ -431,23 +430,19 @@ def _subproblem(col: _Column, K_BB, B, a, f, b: float, sigma: float, floor: floa
     # of mostly free coordinates is the problem restricted to its support vectors: solved exactly by the
     # interior-point method (float64: its tolerances are float64's), else (when it fails) by SUB_ROUNDS rounds
     free = int(_free(col, a, B).sum())
-    quick_failed = False
-    if near and not mostly_free and K_BB.dtype == torch.float64:
-        # hinge at n = 4000 (letter, penbased, satimage, texture, optdigits at C = 10): 2-3 -> 1 outer iterations,
-        # 0.81-0.96x the time; mostly free sets take the quick steps below anyway
+    float64 = K_BB.dtype == torch.float64
+    if float64 and (mostly_free and quick or near):
+        # near the solution the sets change little from one subproblem to the next: a few active-set steps from
+        # the current sets (one factor update each) solve it; else a mostly free set goes to the interior point, a
+        # set of mostly violators to the rounds. (Mostly violators are tried only right after the SMO phase: hinge
+        # at n = 4000, letter, penbased, satimage, texture, optdigits at C = 10, 2-3 -> 1 outer iterations, 0.81-0.96x
+        # the time; a proximal round moved them part of the way, and the exact solve came one iteration later.)
         first = max(FIRST_FREE, int(QUICK_FIRST * free))
         done = _round_at_floor(sub, aB, fB, b, col.scale, QUICK_SHRINK, first)
         if done is not None:
             return done[0], done[1], sigma, floor, True, False
-    if mostly_free and K_BB.dtype == torch.float64:
-        # near the solution the sets change little from one subproblem to the next: a few active-set steps from
-        # the current sets (one factor update each) solve it, else the interior point does
-        if quick:
-            first = max(FIRST_FREE, int(QUICK_FIRST * free))
-            done = _round_at_floor(sub, aB, fB, b, col.scale, QUICK_SHRINK, first)
-            if done is not None:
-                return done[0], done[1], sigma, floor, True, False
-        quick_failed = quick
+    quick_failed = mostly_free and quick
+    if mostly_free and float64:
         solved = _interior_point(sub, K_BB, col.scale)
         if solved is not None and solved[2]:
             return solved[0], solved[1], sigma, floor, True, quick_failed

@@ -132,10 +132,10 @@ def test_the_loop_forms_rows_without_limit_up_to_form_max_dim_then_up_to_its_sha
 
 
 def test_blocks_of_guessed_rows_stay_within_twice_the_rows_the_steps_use(monkeypatch):
-    """Where the loop forms no rows (d = 70, its share beyond ``FORM_SHARE_MAX_DIM`` set to none), a missing row comes in
-    a block with the rows of the worst violators. On an easy problem (two well-separated classes, 150 of 3000 points
-    end as support vectors) the steps use few of those guesses, and the blocks shrink: the rows formed stay within
-    twice the support vectors (blocks of 256 formed 1,531 rows here, ten times as many)."""
+    """Where the loop forms no rows (d = 70, its share beyond ``FORM_SHARE_MAX_DIM`` set to none), a missing row comes
+    in a block with the rows of the worst violators. On an easy problem (two well-separated classes, 150 of 3000
+    points end as support vectors) the steps use few of those guesses, and the blocks shrink: the rows formed stay
+    within twice the support vectors (blocks of 256 formed 1,531 rows here, ten times as many)."""
     n, d = 3000, 70
     rng = np.random.default_rng(0)
     y = np.where(rng.random(n) < 0.5, 1.0, -1.0)
