@@ -441,7 +441,7 @@ def _subproblem(col: _Column, K_BB, B, a, f, b: float, sigma: float, floor: floa
         done = _round_at_floor(sub, aB, fB, b, col.scale, QUICK_SHRINK, first)
         if done is not None:
             return done[0], done[1], sigma, floor, True, False
-    quick_failed = mostly_free and quick
+    quick_failed = float64 and mostly_free and quick
     if mostly_free and float64:
         solved = _interior_point(sub, K_BB, col.scale)
         if solved is not None and solved[2]:
@@ -564,6 +564,7 @@ def _decompose(src: _KernelRows, diagK, loss: Loss, Y, c_col, alpha, F, intercep
         repeat[t] = exact[t] and not repeat[t] and last_set[t] is not None and torch.equal(B, last_set[t])
         if repeat[t]:
             return
+        near = free_found and last_set[t] is None  # the column's first subproblem, from the SMO phase's point
         last_set[t] = B
         # a free set that stays beyond the cap is the solution's: the cap doubles after CAP_PATIENCE cuts
         cuts[t] = cuts[t] + 1 if 2 * n_free > cap[t] else 0
@@ -573,7 +574,6 @@ def _decompose(src: _KernelRows, diagK, loss: Loss, Y, c_col, alpha, F, intercep
         if held is not None:
             factors[t].relabel(torch.searchsorted(B, held))
         quick = quick_fails[t] < QUICK_FAILURES or gaps[t] < quick_failed_at[t] / QUICK_RETRY_DROP
-        near, start_near[t] = start_near[t], False
         aB, b_sub[t], sigma[t], floor[t], exact[t], failed = _subproblem(
             col, K_BB, B, a, F[:, t], b_sub[t], sigma[t], floor[t], factors[t], mostly_free, quick, near)
         if failed:
@@ -592,8 +592,6 @@ def _decompose(src: _KernelRows, diagK, loss: Loss, Y, c_col, alpha, F, intercep
             b_all[t] = _best_intercept(bounds[t], b_sub[t])
 
     exact = [False] * T
-    # whether a column's next subproblem is its first from a start near the solution (the SMO phase's)
-    start_near = [free_found] * T
     # each column's relative gap, its quick steps' failures in a row and the gap at the last one
     gaps, quick_fails, quick_failed_at = [1.0] * T, [0] * T, [1.0] * T
     stall = GapStall(opts.tol, dtype, c_col)
