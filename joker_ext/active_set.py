@@ -57,7 +57,7 @@ from .defaults import CONVERGENCE_WARN_GAP
 from .dense import cholesky_shifted, scipy_blas_on_one_thread
 from .engines import (Monitor, at_rounding_floor, exact_compute_dtype, register_solver, sigint_as_flag, start_intercept,
                       target_level)
-from .free_factor import FreeFactor
+from .free_factor import FreeFactor, submatrix
 from .losses import Loss
 from .memory import is_out_of_memory
 from .projected_newton import newton_direction
@@ -510,7 +510,7 @@ def _coarse_start(K, diagK, loss: Loss, y, c, intercept: bool, generator: torch.
     n = y.numel()
     m = max(BASE_ROWS, n // 4)
     idx = torch.randperm(n, generator=generator)[:m].to(K.device)
-    Ks = K.index_select(0, idx).index_select(1, idx)
+    Ks = submatrix(K, idx)
     y_s, c_s = y[idx], c[idx] * (n / m)
     F0 = _coarse_start(Ks, diagK[idx], loss, y_s, c_s, intercept, generator) if m > BASE_ROWS else None
     a, b = _rough_solve(_Column(Ks, diagK[idx], loss, y_s, c_s, intercept), F0, rounds=2)

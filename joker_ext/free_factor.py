@@ -34,7 +34,12 @@ import torch
 
 from .dense import MIXED_CONTRACTION, MIXED_PRECISION_MIN, RefinedCholesky, cholesky_ex, cholesky_solve
 
-__all__ = ["FreeFactor"]
+try:  # optional: the compiled gather of :func:`submatrix` (torch's two index_selects without it)
+    import numba
+except ImportError:  # pragma: no cover - numba is a dependency
+    numba = None
+
+__all__ = ["FreeFactor", "submatrix"]
 
 #: An update is used when ``UPDATE_RATIO * (|A| + |new pins|) <= |F|``: its triangular solves cost ``~ 2 |U|^2`` per
 #: column, a fresh factorisation ``|F|^3 / 3``.
@@ -58,23 +63,42 @@ MIXED_REFINEMENTS = 6
 MIXED_ACCEPTED = 1e-13
 
 
-#: Entries of ``K`` gathered at a time by :func:`principal_block` (bounds its temporary rows).
+#: Entries of ``K`` gathered at a time by :func:`submatrix` without numba (bounds its temporary rows).
 GATHER_ELEMENTS = 2**21
 
 
-def principal_block(K: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """``K[idx][:, idx]``, gathered a few rows at a time (``index_select`` twice is about twice as fast as
-    advanced indexing; the chunks keep the temporary rows ``K[idx_chunk, :]`` to :data:`GATHER_ELEMENTS`)."""
-    m = idx.numel()
-    out = torch.empty(m, m, dtype=K.dtype, device=K.device)
+def _gather_loop(K, rows, cols, out):  # pragma: no cover - compiled
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for j in range(cols.shape[0]):
+            out[i, j] = K[r, cols[j]]
+
+
+_gather_compiled = numba.njit(cache=True, nogil=True)(_gather_loop) if numba is not None else None
+
+
+def submatrix(K: torch.Tensor, rows: torch.Tensor, cols: Optional[torch.Tensor] = None,
+              out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``K[rows][:, cols]`` (``cols = rows`` by default), into ``out`` when given (contiguous). On the CPU a compiled loop reads each entry once: 4-8x
+    faster than ``index_select`` twice (which copies whole rows first and then gathers along them: 7.4 ms against
+    1.3 ms for a 1000 x 1000 block of a 2148 x 2148 matrix, 20 ms against 5 ms for 2000 of 4000), itself about
+    twice as fast as advanced indexing. Elsewhere, or without numba, the two index_selects, a few rows at a time
+    (:data:`GATHER_ELEMENTS` bounds the temporary rows ``K[rows_chunk, :]``)."""
+    cols = rows if cols is None else cols
+    if out is None:
+        out = torch.empty(rows.numel(), cols.numel(), dtype=K.dtype, device=K.device)
+    if _gather_compiled is not None and K.device.type == "cpu" and K.dim() == 2 and not K.requires_grad \
+            and K.dtype in (torch.float64, torch.float32):
+        _gather_compiled(K.contiguous().numpy(), rows.contiguous().numpy(), cols.contiguous().numpy(), out.numpy())
+        return out
     step = max(1, GATHER_ELEMENTS // max(1, K.shape[1]))
-    for s in range(0, m, step):
-        torch.index_select(K.index_select(0, idx[s:s + step]), 1, idx, out=out[s:s + step])
+    for s in range(0, rows.numel(), step):
+        torch.index_select(K.index_select(0, rows[s:s + step]), 1, cols, out=out[s:s + step])
     return out
 
 
-def _cholesky(H: torch.Tensor) -> Optional[torch.Tensor]:
-    L, info = cholesky_ex(H)
+def _cholesky(H: torch.Tensor, overwrite: bool = False) -> Optional[torch.Tensor]:
+    L, info = cholesky_ex(H, overwrite=overwrite)
     return L if int(info) == 0 else None
 
 
@@ -159,7 +183,7 @@ class FreeFactor:
         return float(self._row_norms[free].max() + d[free].abs().max())
 
     def _fresh_solve(self, K, K_F, free, d, V):
-        self.L0, self.rows = None, []  # the old factor goes before the new block is formed (peak: K, H, L)
+        self.L0, self.rows = None, []  # the old factor goes before the new block is formed (peak: K, H = L)
         self._pin_W = self._pin_pos = self._whole32 = None
         whole = free.numel() == K.shape[0]
         X = self._mixed_solve(K, free, d, V) if self.mixed and whole else None
@@ -167,21 +191,29 @@ class FreeFactor:
             self.L0 = self.U = self.d_U = None
             self.fresh += 1
             return X
-        if whole:
-            H = K.clone()
-        else:  # from the rows the caller gathered when there are (one gather instead of two)
-            H = principal_block(K, free) if K_F is None else K_F.index_select(1, free)
-        H.diagonal().add_(d[free])
-        L = _cholesky(H)
+        # factored in its own memory (one fresh matrix of |F|^2 numbers, not two); rebuilt for the fallback
+        L = _cholesky(self._shifted_block(K, K_F, free, d), overwrite=True)
         self.rows = []
         if L is None:
             self.L0 = self.U = self.d_U = None
-            L = self.fallback(H)
+            L = self.fallback(self._shifted_block(K, K_F, free, d))
         else:
             self.L0, self.U, self.d_U = L, free.clone(), d[free].clone()
-        del H
         self.fresh += 1
         return cholesky_solve(V, L)
+
+    @staticmethod
+    def _shifted_block(K, K_F, free, d) -> torch.Tensor:
+        """``H_FF = K_FF + diag(d_F)``, a fresh matrix (from the caller's rows ``K_F = K[free, :]`` where there are
+        and the compiled gather is not at hand: one index_select instead of two)."""
+        if free.numel() == K.shape[0]:
+            H = K.clone()
+        elif K_F is not None and _gather_compiled is None:
+            H = K_F.index_select(1, free)
+        else:
+            H = submatrix(K, free)
+        H.diagonal().add_(d[free])
+        return H
 
     def _mixed_solve(self, K, free, d, V) -> Optional[torch.Tensor]:
         """``(K + diag(d))^{-1} V`` over all of ``K`` (``free`` holds every index) through a float32 factor refined in
@@ -279,9 +311,8 @@ class FreeFactor:
     def _extend(self, K, added, d) -> bool:
         """Add the block row of ``added`` (False when its Schur complement is not numerically positive
         definite: the caller then factors afresh)."""
-        K_A = K.index_select(1, added)  # n x |A|: the columns first, then their rows U and A
-        S = self._forward(K_A.index_select(0, self.U))
-        C = K_A.index_select(0, added) - S.mT @ S
+        S = self._forward(submatrix(K, self.U, added))
+        C = submatrix(K, added) - S.mT @ S
         C.diagonal().add_(d[added])
         L_A = _cholesky(C)
         if L_A is None:

@@ -106,7 +106,7 @@ from .active_set import (FREE, MAX_INNER, SIGMA_FLOOR, SIGMA_START, GapStall, _C
 from .defaults import FILL_ELEMENTS, WORKING_SET_DTYPE
 from .dense import cholesky_shifted, scipy_blas_on_one_thread
 from .interior_point import solve_box_qp
-from .free_factor import FreeFactor
+from .free_factor import FreeFactor, submatrix
 from .engines import (Monitor, at_rounding_floor, register_solver, sigint_as_flag, target_level,
                       working_set_size as default_size)
 from .losses import Loss
@@ -485,11 +485,24 @@ class _KernelRows:
         self.cache = cache
         self.n = cache.X.shape[0]
         self._B = None
+        self._block = torch.empty(0, dtype=cache.buffer.dtype, device=cache.buffer.device)
 
     def block(self, B: torch.Tensor) -> torch.Tensor:
-        """``K_BB``, evaluated from the points of ``B`` (``|B|^2`` kernel values: faster than gathering them
-        from the cached rows, and no row is needed for a coordinate that does not move)."""
+        """``K_BB``, valid until the next call: gathered from the cached rows when the cache keeps every row and
+        holds those of ``B`` (forming the missing ones when that costs at most a quarter of evaluating the block),
+        into memory kept from one call to the next; else evaluated from the points of ``B``. (A fresh block of
+        3,714^2 numbers cost 30 ms of page faults on mushroom at n = 4,000, a third of its evaluation at d = 98.)"""
         self._B = B
+        m = B.numel()
+        if self.cache.full:
+            missing = B[~self.cache.have[B]]
+            if 4 * missing.numel() * self.n <= m * m:
+                self.cache(missing)
+                if self._block.numel() < m * m:  # room for sets a quarter larger (pages are touched as used)
+                    side = min(self.n, m + m // 4)
+                    self._block = torch.empty(0, dtype=self._block.dtype, device=self._block.device)
+                    self._block = torch.empty(side * side, dtype=self._block.dtype, device=self._block.device)
+                return submatrix(self.cache.buffer, B, out=self._block[:m * m].view(m, m))
         XB = self.cache.X[B]
         return self.cache.operator.kernel(XB, XB)
 

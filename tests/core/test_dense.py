@@ -54,6 +54,25 @@ def test_reads_only_the_lower_triangle_and_takes_strided_views():
     torch.testing.assert_close(L, torch.linalg.cholesky(view.contiguous()), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("upper", [False, True])
+def test_overwrite_factors_in_the_matrixs_own_memory(threads, upper):
+    """``overwrite``: the factor is ``H`` itself (no second matrix), the same factor to rounding, on either path
+    (SciPy's on one thread, torch's on two); a matrix that is not positive definite reports its minor as before."""
+    torch.set_num_threads(threads)
+    H = _spd(200, torch.float64, seed=5)
+    F_ref, _ = torch.linalg.cholesky_ex(H, upper=upper)
+    work = H.clone()
+    F, info = cholesky_ex(work, upper=upper, overwrite=True)
+    assert int(info) == 0 and F.data_ptr() == work.data_ptr()
+    tri = torch.triu(F, 1) if not upper else torch.tril(F, -1)
+    assert torch.count_nonzero(tri) == 0
+    torch.testing.assert_close(F, F_ref, rtol=1e-12, atol=1e-12)
+    bad = _spd(30, torch.float64, seed=3)
+    bad[12, 12] = -1.0
+    assert int(cholesky_ex(bad.clone(), overwrite=True)[1]) == int(torch.linalg.cholesky_ex(bad)[1]) == 13
+
+
 def test_info_names_the_failing_minor_as_torch_does():
     H = _spd(30, torch.float64, seed=3)
     H[12, 12] = -1.0  # the leading minor of order 13 is not positive definite

@@ -940,8 +940,9 @@ def test_several_targets_equal_separate_fits(solver):
 
 
 def test_working_set_computes_kernel_rows_only_for_coordinates_that_move(monkeypatch):
-    """``K_BB`` comes from the points of the working set; a row of ``K`` is computed only when its coordinate
-    moves (f's update), so a point that never leaves zero (far outside the margin) costs no row."""
+    """``K_BB`` comes from the points of the working set (its rows are not cached); a row of ``K`` is computed only
+    when its coordinate moves (f's update), so a point that never leaves zero (far outside the margin) costs no
+    row."""
     pytest.importorskip("cvxpy")
     from joker_ext import working_set as ws
 
@@ -971,6 +972,32 @@ def test_working_set_computes_kernel_rows_only_for_coordinates_that_move(monkeyp
     K = kernel(torch.as_tensor(X), torch.as_tensor(X)).numpy()
     assert res.primal == pytest.approx(cvxpy_primal("hinge", K, y, c.numpy(), intercept=True), rel=1e-6)
     np.testing.assert_allclose(res.state["f"].numpy(), K @ res.alpha.numpy(), atol=1e-9)
+
+
+def test_working_set_block_gathered_from_the_cached_rows_is_the_kernels():
+    """Where the cache keeps every row and holds (nearly) all of ``B``'s, ``K_BB`` is gathered from them into memory
+    kept between calls (the missing rows formed: at most a quarter of the block's cost); else it is evaluated from
+    the points. Either way it is the kernel's block, to rounding."""
+    from joker_ext import working_set as ws
+
+    _, X, _ = _problem("hinge", n=200, seed=3)
+    kernel = GaussianKernel(1.0)
+    op = ExactOperator(kernel, BlockData(torch.as_tensor(X), F64, torch.device("cpu")))
+    cache = ws._ColumnCache(op, 200, F64, torch.device("cpu"))
+    rows = ws._KernelRows(cache)
+    K = kernel(cache.X, cache.X)
+    cache(torch.arange(0, 200, 2))  # the even rows
+    B = torch.arange(0, 120, 2)
+    first = rows.block(B)  # every row at hand: gathered
+    torch.testing.assert_close(first, K[B][:, B], rtol=0, atol=1e-15)
+    B2 = torch.cat([torch.arange(0, 100, 2), torch.tensor([1, 3])])  # two rows missing: formed, then gathered
+    second = rows.block(B2)
+    assert bool(cache.have[B2].all()) and second.data_ptr() == first.data_ptr()
+    torch.testing.assert_close(second, K[B2][:, B2], rtol=0, atol=1e-15)
+    B3 = torch.arange(101, 181, 2)  # 40 of 40 rows missing: evaluated from the points, no row formed
+    third = rows.block(B3)
+    assert not bool(cache.have[B3].any())
+    torch.testing.assert_close(third, K[B3][:, B3], rtol=0, atol=1e-15)
 
 
 def test_working_set_under_max_memory_gives_the_same_model(monkeypatch):
