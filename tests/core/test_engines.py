@@ -1533,7 +1533,7 @@ def test_box_qp_engines_merge_duplicate_rows_into_the_same_problem(solver, name,
 
 def test_rows_equal_up_to_their_last_bits_are_merged_as_duplicates():
     """Copies whose inputs differ in their last bits (a relative change of a few units of rounding) are the same
-    row to the engines; copies with another target, or farther apart (1e-9), are not."""
+    row to the engines; copies with another target (in any of several columns), or farther apart (1e-9), are not."""
     from joker_ext.active_set import merge_duplicate_rows
 
     g = np.random.default_rng(3)
@@ -1552,6 +1552,17 @@ def test_rows_equal_up_to_their_last_bits_are_merged_as_duplicates():
                                                            torch.ones(80, dtype=F64), None)
         assert Y_m.shape[0] == groups, case
         assert float(c_m.sum()) == 80.0
+    # several target columns (one-vs-rest): copies merge only where every column agrees, whichever column differs
+    Y = np.stack([y, np.sign(g.standard_normal(60)), np.sign(g.standard_normal(60))], axis=1)
+    for col, groups in [(None, 60), (0, 80), (2, 80)]:
+        Y_copy = Y[:20].copy()
+        if col is not None:
+            Y_copy[:, col] *= -1
+        op = ExactOperator(GaussianKernel(1.0), BlockData(torch.as_tensor(np.concatenate([X, X[:20] * wiggle])),
+                                                          F64, torch.device("cpu")))
+        _, Y_m, _, _, _ = merge_duplicate_rows(op, torch.as_tensor(np.concatenate([Y, Y_copy])),
+                                               torch.ones(80, dtype=F64), None)
+        assert Y_m.shape[0] == groups, col
 
 
 def test_working_set_on_rows_equal_up_to_their_last_bits_matches_cvxpy():
