@@ -976,8 +976,9 @@ def test_working_set_computes_kernel_rows_only_for_coordinates_that_move(monkeyp
 
 def test_working_set_block_gathered_from_the_cached_rows_is_the_kernels():
     """Where the cache keeps every row and holds (nearly) all of ``B``'s, ``K_BB`` is gathered from them into memory
-    kept between calls (the missing rows formed: at most a quarter of the block's cost); else it is evaluated from
-    the points. Either way it is the kernel's block, to rounding."""
+    kept between calls (the missing rows formed: at most a quarter of the block's cost), or is the cache's buffer
+    itself when ``B`` holds every point; else it is evaluated from the points. Either way it is the kernel's
+    block, to rounding."""
     from joker_ext import working_set as ws
 
     _, X, _ = _problem("hinge", n=200, seed=3)
@@ -998,6 +999,10 @@ def test_working_set_block_gathered_from_the_cached_rows_is_the_kernels():
     third = rows.block(B3)
     assert not bool(cache.have[B3].any())
     torch.testing.assert_close(third, K[B3][:, B3], rtol=0, atol=1e-15)
+    cache(torch.arange(1, 150, 2))  # all but 25 rows: the whole matrix is the cache's buffer itself
+    whole = rows.block(torch.arange(200))
+    assert whole.data_ptr() == cache.buffer.data_ptr() and bool(cache.have.all())
+    torch.testing.assert_close(whole, K, rtol=0, atol=1e-15)
 
 
 def test_working_set_under_max_memory_gives_the_same_model(monkeypatch):
