@@ -267,3 +267,32 @@ def test_first_subproblem_after_the_smo_phase_tries_the_exact_steps_before_a_pro
     assert fits[0].n_iter_ == 1 and fits[1].n_iter_ >= 2
     svc = SVC(C=1.0, gamma=gamma, tol=1e-10).fit(X, y)
     np.testing.assert_allclose(fits[0].decision_function(X[:200]), svc.decision_function(X[:200]), atol=1e-5)
+
+
+def test_a_working_set_that_adds_no_violator_after_an_exact_solve_is_not_solved_again(monkeypatch):
+    """optdigits (class 0 against the rest, n = 4000, C = 10): the first subproblem after the SMO phase is solved
+    exactly at a gap of 2e-14; the next working set differs from it by one filler, a coordinate that satisfies its
+    optimality condition. That set poses the same subproblem: the fit ends without solving it (when only an equal set
+    counted as the same, it was solved a second time). The model is SVC's (tol 1e-10)."""
+    from sklearn.svm import SVC
+    from joker_ext import JokerClassifier
+    from joker_ext.comparisons.datasets import load
+    import joker_ext.working_set as ws
+
+    ds = load("optdigits", n_train=4000, n_test=100, seed=0)
+    X, y = np.asarray(ds.X_train, dtype=np.float64), (np.asarray(ds.y_train) == 0).astype(np.int64)
+    gamma = 1.0 / (X.shape[1] * X.var())
+    solved = []
+    subproblem = ws._subproblem
+    monkeypatch.setattr(ws, "_subproblem", lambda *args: solved.append(1) or subproblem(*args))
+    counts = []
+    for rule in ("violators", "equal sets"):
+        if rule == "equal sets":
+            monkeypatch.setattr(ws, "_violates", lambda idx, bounds, b: idx.numel() > 0)
+        solved.clear()
+        est = JokerClassifier(loss="hinge", C=10.0, gamma=gamma, fit_intercept=True).fit(X, y)
+        assert est.status_ == "converged" and est.relative_gap_ <= 1e-13
+        counts.append(len(solved))
+    assert counts == [1, 2]
+    svc = SVC(C=10.0, gamma=gamma, tol=1e-10).fit(X, y)
+    np.testing.assert_allclose(est.decision_function(X[:200]), svc.decision_function(X[:200]), atol=1e-5)
