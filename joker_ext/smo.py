@@ -203,13 +203,23 @@ def _pair_steps(R, have, rows, diag, h, kink, lo, hi, a, g, tol, tau, max_steps,
         i = -1
         dp_i = math.inf
         dm_max = -math.inf
-        for p in range(n_act):
-            k = act[p]
-            up = g[k] + up_off[k]
-            if up < dp_i:
-                dp_i = up
-                i = k
-            dm_max = max(dm_max, g[k] + down_off[k])
+        # (each loop over the chosen coordinates is written twice: unshrunk, the coordinates are read in order, not
+        # through ``act``; the steps before the first shrink took 0.85x the time, a fit on letter 0.8x)
+        if n_act == n:
+            for k in range(n):
+                up = g[k] + up_off[k]
+                if up < dp_i:
+                    dp_i = up
+                    i = k
+                dm_max = max(dm_max, g[k] + down_off[k])
+        else:
+            for p in range(n_act):
+                k = act[p]
+                up = g[k] + up_off[k]
+                if up < dp_i:
+                    dp_i = up
+                    i = k
+                dm_max = max(dm_max, g[k] + down_off[k])
         if i < 0 or dm_max - dp_i < tol:
             if n_act < n:  # optimal on the shrunk set: check them all
                 n_act, countdown = _unshrink(act), min(n, SHRINK_EVERY)
@@ -225,13 +235,21 @@ def _pair_steps(R, have, rows, diag, h, kink, lo, hi, a, g, tol, tau, max_steps,
         qi = diag[i] + h[i]
         j = -1
         best = 0.0
-        for p in range(n_act):
-            k = act[p]
-            diff = max(g[k] + down_off[k] - dp_i, 0.0)
-            gain = diff * diff / max(qi + diag[k] + h[k] - 2.0 * Ri[k], tau)
-            if gain > best:
-                best = gain
-                j = k
+        if n_act == n:
+            for k in range(n):
+                diff = max(g[k] + down_off[k] - dp_i, 0.0)
+                gain = diff * diff / max(qi + diag[k] + h[k] - 2.0 * Ri[k], tau)
+                if gain > best:
+                    best = gain
+                    j = k
+        else:
+            for p in range(n_act):
+                k = act[p]
+                diff = max(g[k] + down_off[k] - dp_i, 0.0)
+                gain = diff * diff / max(qi + diag[k] + h[k] - 2.0 * Ri[k], tau)
+                if gain > best:
+                    best = gain
+                    j = k
         if j < 0:
             return step, _CONVERGED, -1, n_act, countdown
         if not _row_at_hand(R, have, rows, j):
@@ -276,16 +294,27 @@ def _single_steps(R, have, rows, diag, h, kink, lo, hi, a, g, tol, tau, max_step
         i = -1
         best = 0.0
         violation = 0.0
-        for p in range(n_act):
-            k = act[p]
-            up = min(g[k] + up_off[k], 0.0)  # a violation when negative
-            down = max(g[k] + down_off[k], 0.0)  # a violation when positive
-            worst = max(-up, down)
-            violation = max(violation, worst)
-            gain = worst * worst / max(diag[k] + h[k], tau)
-            if gain > best:
-                best = gain
-                i = k
+        if n_act == n:  # (in order, see _pair_steps)
+            for k in range(n):
+                up = min(g[k] + up_off[k], 0.0)  # a violation when negative
+                down = max(g[k] + down_off[k], 0.0)  # a violation when positive
+                worst = max(-up, down)
+                violation = max(violation, worst)
+                gain = worst * worst / max(diag[k] + h[k], tau)
+                if gain > best:
+                    best = gain
+                    i = k
+        else:
+            for p in range(n_act):
+                k = act[p]
+                up = min(g[k] + up_off[k], 0.0)
+                down = max(g[k] + down_off[k], 0.0)
+                worst = max(-up, down)
+                violation = max(violation, worst)
+                gain = worst * worst / max(diag[k] + h[k], tau)
+                if gain > best:
+                    best = gain
+                    i = k
         if i < 0 or violation < tol:
             if n_act < n:
                 n_act, countdown = _unshrink(act), min(n, SHRINK_EVERY)
