@@ -36,7 +36,9 @@ with ``a = a(f)`` and ``W = diag(c l''(f))`` from :meth:`~joker_ext.losses.Loss.
 
     w_new = b - W^(1/2) B^{-1} W^(1/2) K b,
 
-then an Armijo search on ``P`` along ``w_new - w`` (every trial O(n), ``K w`` being linear). The certificate is
+then an Armijo search on ``P`` along ``w_new - w`` (every trial O(n), ``K w`` being linear). From
+``COARSE_MIN_ROWS`` rows on, the steps start from the solution on a random quarter of the rows
+(:meth:`_Column._coarse_start`). The certificate is
 the gap at the dual point ``a(K w)``, which is feasible and tends to ``w``: the smaller of its gap with the primal
 at ``K a`` and ``P(w) + D(a)`` (the iterate itself against it; the model is then ``w``; at large ``C`` the loss
 weighs ``K (a - w)`` enough that only the latter reached float64's floor). With an unregularized intercept ``b``
@@ -72,6 +74,7 @@ import torch
 from .active_set import active_set
 from .dense import (MIXED_CONTRACTION, MIXED_PRECISION_MIN, RefinedCholesky, cholesky_ex, cholesky_shifted,
                     cholesky_solve)
+from .free_factor import submatrix
 from .engines import Monitor, at_rounding_floor, exact_compute_dtype, register_solver, sigint_as_flag, start_intercept
 from .intercept import feasible_dual
 from .losses import Loss
@@ -91,6 +94,13 @@ NOISE = 1e-10
 #: residual (relative to the right-hand side) below which the solve is taken (else a float64 factor solves it).
 REFINEMENTS = 6
 REFINED = 1e-12
+#: The primal Newton steps of a column of at least ``COARSE_MIN_ROWS`` rows start from the solution on a random
+#: ``1 / COARSE_SHARE`` of them (:meth:`_Column._coarse_start`), taking at most ``COARSE_STEPS`` steps, until one
+#: decreases its primal by at most ``COARSE_TOL`` of its value.
+COARSE_MIN_ROWS = 2000
+COARSE_SHARE = 4
+COARSE_STEPS = 20
+COARSE_TOL = 1e-6
 
 
 def _scaled_system(K: torch.Tensor, root: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -125,9 +135,44 @@ class _Column:
             self.w, self.fw = (a.clone(), f.clone()) if warm else (torch.zeros_like(a), torch.zeros_like(f))
             if warm and float(self.primal_value(self.w, self.fw, self.b)) > float(self.primal_value(None, None, 0.0)):
                 self._cold()  # a warm start worse than w = 0 (another C's solution, clipped to this box)
+            elif not warm and y.numel() >= COARSE_MIN_ROWS:
+                warm = self._coarse_start()
             self.restartable = warm and bool(self.w.any())
-            if intercept:
+            if intercept or warm:
                 self._certified_point()
+
+    def _coarse_start(self) -> bool:
+        """Start the primal steps from the solution on a random ``1 / COARSE_SHARE`` of the rows with the same ``c``
+        (its own start coarse in turn), solved until a step decreases its primal by at most ``COARSE_TOL`` of it:
+        ``w`` is its coefficients on those rows and zero elsewhere, ``b`` its intercept. Kept when its primal value
+        is below that of ``w = 0`` (True). Each iteration factors ``n x n``; the coarse solve costs
+        ``1 / COARSE_SHARE^3`` of that per step. The same ``c`` regularizes the smaller problem more, so its
+        predictions lie between 0 and the solution's; with ``c`` scaled up to stand for every row the start overshot
+        at large C. Logistic with the intercept, n = 4000 (``sin(x_0)`` thresholded, d = 8, gamma 0.05): C = 0.1,
+        1, 10, 100: 5 -> 4, 6 -> 4, 8 -> 4, 9 -> 6 iterations (0.62-0.87x the time); C = 1000: 11 -> 11 (1.04x). (C
+        scaled: 3, 4, 5, 9 and 15 iterations.)"""
+        n = self.y.numel()
+        m = n // COARSE_SHARE
+        idx = torch.sort(torch.randperm(n, generator=torch.Generator().manual_seed(0))[:m].to(self.y.device)).values
+        K_S = submatrix(self.K, idx)
+        y_S, c_S = self.y[idx], self.c[idx]
+        a_S = self.loss.smoothed_dual(torch.zeros_like(y_S), y_S, c_S)[0]
+        sub = _Column(K_S, K_S.diagonal().clone(), self.loss, a_S, K_S @ a_S, y_S, c_S, self.lo[idx], self.hi[idx],
+                      0.0, self.eps0, intercept=self.intercept)
+        value = float(sub.primal_value(sub.w, sub.fw, sub.b))
+        for _ in range(COARSE_STEPS):
+            if not sub.primal_step():
+                break
+            before, value = value, float(sub.primal_value(sub.w, sub.fw, sub.b))
+            if before - value <= COARSE_TOL * abs(value):
+                break
+        w = torch.zeros_like(self.y)
+        w[idx] = sub.w
+        fw = self.K.index_select(1, idx) @ sub.w
+        if not float(self.primal_value(w, fw, sub.b)) < float(self.primal_value(None, None, 0.0)):
+            return False
+        self.w, self.fw, self.b = w, fw, sub.b if self.intercept else 0.0
+        return True
 
     def primal_value(self, w: Optional[torch.Tensor], fw: Optional[torch.Tensor], b: float) -> torch.Tensor:
         """``P(w, b) = 1/2 w^T K w + sum_i c_i l(y_i, (K w)_i + b)`` as a 0-d tensor (``fw = K w``; None: ``w = 0``)."""
