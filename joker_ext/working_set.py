@@ -104,7 +104,7 @@ import torch
 from .active_set import (FREE, MAX_INNER, SIGMA_FLOOR, SIGMA_START, GapStall, _Column, box_qp_inputs,
                          merge_duplicate_rows, next_sigma, outer_loop, supports_active_set)
 from .defaults import FILL_ELEMENTS, WORKING_SET_DTYPE
-from .dense import cholesky_shifted, scipy_blas_on_one_thread
+from .dense import cholesky_shifted, rows_product, scipy_blas_on_one_thread
 from .interior_point import solve_box_qp
 from .free_factor import FreeFactor, submatrix
 from .engines import (Monitor, at_rounding_floor, register_solver, sigint_as_flag, target_level,
@@ -292,14 +292,6 @@ class _ColumnCache:
         rows = self.slot[idx]
         self.last_used[rows] = self.clock
         return self.buffer, rows
-
-
-def _rows_product(R: torch.Tensor, rows: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
-    """``R[rows]^T V`` (n x T) without copying the rows: a sparse (T x len(R)) times dense product."""
-    k, T = V.shape
-    ii = torch.stack([torch.arange(T, device=V.device).repeat_interleave(k), rows.repeat(T)])
-    S = torch.sparse_coo_tensor(ii, V.T.reshape(-1), (T, R.shape[0]), check_invariants=False)
-    return torch.sparse.mm(S, R).T
 
 
 def _free(col: _Column, a, idx: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -527,7 +519,7 @@ class _KernelRows:
     def update(self, sel: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """``K[:, B[sel]] delta`` for the ``B`` of the last :meth:`block`, through the cached rows."""
         R, rows = self.cache(self._B[sel])
-        return _rows_product(R, rows, delta.unsqueeze(1)).reshape(-1)
+        return rows_product(R, rows, delta.unsqueeze(1)).reshape(-1)
 
     def matmul(self, A: torch.Tensor) -> torch.Tensor:
         """``K A`` through the rows of the nonzero rows of ``A``, ``capacity`` at a time."""
@@ -536,7 +528,7 @@ class _KernelRows:
         step = self.cache.capacity
         for s in range(0, idx.numel(), step):
             R, rows = self.cache(idx[s:s + step])
-            out += _rows_product(R, rows, A[idx[s:s + step]])
+            out += rows_product(R, rows, A[idx[s:s + step]])
         return out
 
 

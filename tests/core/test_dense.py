@@ -5,7 +5,7 @@ import torch
 
 import numpy as np
 
-from joker_ext.dense import RefinedCholesky, cholesky_ex, cholesky_solve
+from joker_ext.dense import RefinedCholesky, cholesky_ex, cholesky_solve, rows_product
 
 
 @pytest.fixture(autouse=True)
@@ -222,3 +222,13 @@ def test_refined_cholesky_reports_a_factor_too_inexact_to_refine():
     assert refined.residual > 1.0  # |R - H (0.3 H)^{-1} R| = (1 / 0.3 - 1) |R|
     reference = torch.linalg.solve(0.3 * H, R)  # the unrefined float32 solve, kept
     torch.testing.assert_close(X, reference, rtol=0, atol=1e-3 * float(reference.abs().max()))
+
+
+def test_rows_product_is_the_chosen_rows_transposed_times_v():
+    """``rows_product(R, rows, V) = R[rows]^T V`` for one or several columns of ``V``, rows in any order."""
+    g = torch.Generator().manual_seed(1)
+    R = torch.randn(30, 12, generator=g, dtype=torch.float64)
+    rows = torch.tensor([7, 2, 29, 11])
+    for T in (1, 3):
+        V = torch.randn(4, T, generator=g, dtype=torch.float64)
+        torch.testing.assert_close(rows_product(R, rows, V), R[rows].T @ V, rtol=1e-14, atol=1e-14)
