@@ -73,7 +73,7 @@ import torch
 
 from .active_set import active_set
 from .dense import (MIXED_CONTRACTION, MIXED_PRECISION_MIN, RefinedCholesky, cholesky_ex, cholesky_shifted,
-                    cholesky_solve)
+                    cholesky_solve, rows_product)
 from .free_factor import submatrix
 from .engines import Monitor, at_rounding_floor, exact_compute_dtype, register_solver, sigint_as_flag, start_intercept
 from .intercept import feasible_dual
@@ -168,7 +168,7 @@ class _Column:
                 break
         w = torch.zeros_like(self.y)
         w[idx] = sub.w
-        fw = self.K.index_select(1, idx) @ sub.w
+        fw = rows_product(self.K, idx, sub.w.unsqueeze(1)).reshape(-1)  # K[:, idx] w_S (K symmetric), no copy
         if not float(self.primal_value(w, fw, sub.b)) < float(self.primal_value(None, None, 0.0)):
             return False
         self.w, self.fw, self.b = w, fw, sub.b if self.intercept else 0.0

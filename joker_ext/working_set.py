@@ -498,8 +498,8 @@ class _KernelRows:
         """``K_BB``, valid until the next call: gathered from the cached rows when the cache keeps every row and
         holds those of ``B`` (forming the missing ones when that costs at most a quarter of evaluating the block),
         into memory kept from one call to the next, or the cache's buffer itself when ``B`` holds every point; else
-        evaluated from the points of ``B``. (A fresh block of
-        3,714^2 numbers cost 30 ms of page faults on mushroom at n = 4,000, a third of its evaluation at d = 98.)"""
+        evaluated from the points of ``B``. (A fresh block of 3,714^2 numbers cost 30 ms of page faults on mushroom
+        at n = 4,000, a third of its evaluation at d = 98.)"""
         self._B = B
         m = B.numel()
         if self.cache.full:
