@@ -40,8 +40,8 @@ from typing import Tuple
 
 import torch
 
-__all__ = ["MIXED_CONTRACTION", "MIXED_PRECISION_MIN", "RefinedCholesky", "cholesky_ex", "cholesky_shifted", "rows_product",
-           "cholesky_solve", "scipy_blas_on_one_thread"]
+__all__ = ["MIXED_CONTRACTION", "MIXED_PRECISION_MIN", "RefinedCholesky", "cholesky_ex", "cholesky_shifted",
+           "cholesky_solve", "rows_product", "scipy_blas_on_one_thread"]
 
 
 def _scipy_potrf(dtype: torch.dtype):

@@ -149,8 +149,8 @@ class _Column:
         ``1 / COARSE_SHARE^3`` of that per step. The same ``c`` regularizes the smaller problem more, so its
         predictions lie between 0 and the solution's; with ``c`` scaled up to stand for every row the start overshot
         at large C. Logistic with the intercept, n = 4000 (``sin(x_0)`` thresholded, d = 8, gamma 0.05): C = 0.1,
-        1, 10, 100: 5 -> 4, 6 -> 4, 8 -> 4, 9 -> 6 iterations (0.62-0.87x the time); C = 1000: 11 -> 11 (1.04x). (C
-        scaled: 3, 4, 5, 9 and 15 iterations.)"""
+        1, 10, 100: 5 -> 4, 6 -> 4, 8 -> 4, 9 -> 6 iterations (0.53-0.87x the time); C = 1000: 11 -> 11 (1.04-1.13x).
+        (C scaled: 3, 4, 5, 9 and 15 iterations.)"""
         n = self.y.numel()
         m = n // COARSE_SHARE
         idx = torch.sort(torch.randperm(n, generator=torch.Generator().manual_seed(0))[:m].to(self.y.device)).values
