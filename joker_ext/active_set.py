@@ -276,7 +276,7 @@ class _Column:
         """``(x_F, b)`` with ``(K_FF + diag(d_F)) x_F + b 1 = rhs`` and, with an intercept, ``sum x_F = total_free``
         (``b = 0`` without): two solves through :attr:`factor`, ``x = u - b w`` with ``H u = rhs``, ``H w = 1``."""
         V = torch.stack([rhs, torch.ones_like(rhs)], dim=1) if self.intercept else rhs.unsqueeze(1)
-        sol = self.factor.solve(self.K, None, free, d, V, fresh=fresh)
+        sol = self.factor.solve(self.K, free, d, V, fresh=fresh)
         if not self.intercept:
             return sol.squeeze(1), 0.0
         b = float((sol[:, 0].sum() - total_free) / sol[:, 1].sum())

@@ -154,12 +154,11 @@ class FreeFactor:
         # next right-hand sides (the other target columns of a squared loss)
         self._whole32: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
 
-    def solve(self, K: torch.Tensor, K_F: Optional[torch.Tensor], free: torch.Tensor, d: torch.Tensor,
-              V: torch.Tensor, *, fresh: bool = False) -> torch.Tensor:
-        """``(K_FF + diag(d_F))^{-1} V`` for the sorted, unique indices ``free``; ``K_F = K[free, :]`` when the
-        caller has gathered it (a fresh factorisation then takes ``H_FF`` from them). An updated solve is
-        returned unrefined (:attr:`updated` then says so); ``fresh`` factors ``H_FF`` afresh whatever the factor
-        holds."""
+    def solve(self, K: torch.Tensor, free: torch.Tensor, d: torch.Tensor, V: torch.Tensor, *,
+              fresh: bool = False) -> torch.Tensor:
+        """``(K_FF + diag(d_F))^{-1} V`` for the sorted, unique indices ``free`` (a fresh factorisation gathers
+        ``H_FF`` from ``K``: :func:`submatrix`). An updated solve is returned unrefined (:attr:`updated` then says so);
+        ``fresh`` factors ``H_FF`` afresh whatever the factor holds."""
         if not fresh and self._whole32 is not None and free.numel() == K.shape[0] \
                 and torch.equal(d, self._whole32[1]):  # the system it factored last: refined through that factor
             X = self._refined(self._whole32[0], _whole_residual(K, d), V, self.residual_scale(K, free, d))
@@ -174,7 +173,7 @@ class FreeFactor:
                 self.updates += 1
                 return X
         self.updated = False
-        return self._fresh_solve(K, K_F, free, d, V)
+        return self._fresh_solve(K, free, d, V)
 
     def residual_scale(self, K: torch.Tensor, free: torch.Tensor, d: torch.Tensor) -> float:
         """``max_i (|K_i:|_1 + |d_i|)`` over ``i`` in ``free``: bounds ``|H_FF|_inf``, the scale of a fresh
@@ -183,7 +182,7 @@ class FreeFactor:
             self._row_norms, self._norms_of = torch.linalg.vector_norm(K, ord=1, dim=1), K
         return float(self._row_norms[free].max() + d[free].abs().max())
 
-    def _fresh_solve(self, K, K_F, free, d, V):
+    def _fresh_solve(self, K, free, d, V):
         self.L0, self.rows = None, []  # the old factor goes before the new block is formed (peak: K, H = L)
         self._pin_W = self._pin_pos = self._whole32 = None
         whole = free.numel() == K.shape[0]
@@ -193,26 +192,20 @@ class FreeFactor:
             self.fresh += 1
             return X
         # factored in its own memory (one fresh matrix of |F|^2 numbers, not two); rebuilt for the fallback
-        L = _cholesky(self._shifted_block(K, K_F, free, d), overwrite=True)
+        L = _cholesky(self._shifted_block(K, free, d), overwrite=True)
         self.rows = []
         if L is None:
             self.L0 = self.U = self.d_U = None
-            L = self.fallback(self._shifted_block(K, K_F, free, d))
+            L = self.fallback(self._shifted_block(K, free, d))
         else:
             self.L0, self.U, self.d_U = L, free.clone(), d[free].clone()
         self.fresh += 1
         return cholesky_solve(V, L)
 
     @staticmethod
-    def _shifted_block(K, K_F, free, d) -> torch.Tensor:
-        """``H_FF = K_FF + diag(d_F)``, a fresh matrix (from the caller's rows ``K_F = K[free, :]`` where there are
-        and the compiled gather is not at hand: one index_select instead of two)."""
-        if free.numel() == K.shape[0]:
-            H = K.clone()
-        elif K_F is not None and _gather_compiled is None:
-            H = K_F.index_select(1, free)
-        else:
-            H = submatrix(K, free)
+    def _shifted_block(K, free, d) -> torch.Tensor:
+        """``H_FF = K_FF + diag(d_F)``, a fresh matrix."""
+        H = K.clone() if free.numel() == K.shape[0] else submatrix(K, free)
         H.diagonal().add_(d[free])
         return H
 

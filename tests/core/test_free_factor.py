@@ -38,8 +38,7 @@ def test_updates_solve_the_same_systems(monkeypatch, d_scale):
     factor = ff.FreeFactor(cholesky_shifted)
     for step in range(12):
         V = torch.randn(free.numel(), 2, generator=gen, dtype=torch.float64)
-        K_F = K.index_select(0, free) if step % 2 else None  # both ways of reading the rows
-        X = factor.solve(K, K_F, free, d, V)
+        X = factor.solve(K, free, d, V)
         _check(K, d, free, V, X, 1e-8 if d_scale < 1e-3 else 1e-11)
         out = torch.ones(n, dtype=torch.bool)
         out[free] = False
@@ -65,9 +64,9 @@ def test_relabelled_factor_solves_the_next_matrix(monkeypatch):
     factor = ff.FreeFactor(cholesky_shifted)
     free = torch.arange(0, 260)
     V = torch.randn(free.numel(), 2, generator=gen, dtype=torch.float64)
-    factor.solve(K[first][:, first], None, free, d[first], V)
+    factor.solve(K[first][:, first], free, d[first], V)
     pinned = torch.arange(5, 260)  # a few coordinates leave the free set: pinned
-    factor.solve(K[first][:, first], None, pinned, d[first], V[5:])
+    factor.solve(K[first][:, first], pinned, d[first], V[5:])
     held = first[factor.held()]
     # the next subproblem: the held points and 150 others, numbered in another order
     others = torch.arange(300, 500)[torch.randperm(200, generator=gen)[:150]]
@@ -79,7 +78,7 @@ def test_relabelled_factor_solves_the_next_matrix(monkeypatch):
     for grow in (0, 6, 12):  # the same free set, then a few new points join
         free2 = torch.sort(torch.cat([position[5:], torch.nonzero(torch.isin(nxt, others[:grow])).reshape(-1)])).values
         V2 = torch.randn(free2.numel(), 2, generator=gen, dtype=torch.float64)
-        _check(K2, d2, free2, V2, factor.solve(K2, None, free2, d2, V2), 1e-8)
+        _check(K2, d2, free2, V2, factor.solve(K2, free2, d2, V2), 1e-8)
     assert factor.fresh == fresh
     with pytest.raises(ValueError, match="relabel: expected"):
         factor.relabel(position[:-1])
@@ -119,7 +118,7 @@ def test_residual_scale_follows_the_matrix_it_is_asked_about():
         free = torch.arange(0, n, 2)
         ref = (np.abs(K.numpy()).sum(1) + 1e-3)[free.numpy()].max()
         assert factor.residual_scale(K, free, d) == pytest.approx(ref, rel=1e-12)
-        factor.solve(K, None, free, d, torch.ones(free.numel(), 1, dtype=torch.float64))
+        factor.solve(K, free, d, torch.ones(free.numel(), 1, dtype=torch.float64))
 
 
 def test_pinned_columns_kept_across_solves_stay_exact(monkeypatch):
@@ -135,7 +134,7 @@ def test_pinned_columns_kept_across_solves_stay_exact(monkeypatch):
         pinned = torch.arange(30 * step, 30 * step + 30) % 300 if step else torch.tensor([], dtype=torch.long)
         free = torch.tensor([i for i in range(300) if i not in set(pinned.tolist())])
         V = torch.randn(free.numel(), 2, generator=gen, dtype=torch.float64)
-        _check(K, d, free, V, factor.solve(K, None, free, d, V), 1e-9)
+        _check(K, d, free, V, factor.solve(K, free, d, V), 1e-9)
         assert factor._pin_W is None or factor._pin_W.shape[1] <= factor.U.numel()
     assert factor.fresh == 1 and factor.updates == 13
 
@@ -149,7 +148,7 @@ def test_new_diagonal_factors_afresh(monkeypatch):
     V = torch.ones(free.numel(), 1, dtype=torch.float64)
     for scale in (1e-2, 1e-3):
         d = torch.full((200,), scale, dtype=torch.float64)
-        _check(K, d, free, V, factor.solve(K, None, free, d, V), 1e-10)
+        _check(K, d, free, V, factor.solve(K, free, d, V), 1e-10)
     assert factor.fresh == 2 and factor.updates == 0
 
 
@@ -228,7 +227,7 @@ def test_polish_refines_an_inexact_step_to_the_dense_solves_accuracy(monkeypatch
     a0 = torch.tensor(ref)
     a0[torch.tensor(free)] += torch.tensor(1e-6 * np.abs(ref).max() * (noise - noise.mean()))
     b0 = b_ref * (1 + 1e-6)
-    col.factor.solve(K, None, torch.nonzero(code == FREE).reshape(-1), col.h + s,
+    col.factor.solve(K, torch.nonzero(code == FREE).reshape(-1), col.h + s,
                      torch.ones(m, 1, dtype=torch.float64))  # the factor of the step's free block
     assert residual(a0.numpy(), b0) > 1e-9
     monkeypatch.setattr(ff, "MIN_UPDATE_SIZE", 0)  # the corrections go through the factor just formed
@@ -271,7 +270,7 @@ def test_mixed_fresh_solve_has_a_float64_solves_accuracy(monkeypatch, d_scale):
     free = torch.arange(n)
     V = torch.randn(n, 2, generator=gen, dtype=torch.float64)
     factor = ff.FreeFactor(cholesky_shifted, mixed=True)
-    X = factor.solve(K, None, free, d, V)
+    X = factor.solve(K, free, d, V)
     assert calls == [True] and factor.held() is None
     _check(K, d, free, V, X, 1e-12 if d_scale == 1.0 else 1e-10)
     H = K + torch.diag(d)
@@ -289,13 +288,13 @@ def test_mixed_solve_declines_an_ill_conditioned_block_and_a_stalled_refinement(
     free = torch.arange(n)
     V = torch.randn(n, 1, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     d = torch.full((n,), 1e-6, dtype=torch.float64)  # |K|_inf / 1e-6 * 6e-8 >> 1
-    X = ff.FreeFactor(cholesky_shifted, mixed=True).solve(K, None, free, d, V)
+    X = ff.FreeFactor(cholesky_shifted, mixed=True).solve(K, free, d, V)
     assert calls == []
     _check(K, d, free, V, X, 1e-6)
     monkeypatch.setattr(ff, "MIXED_ACCEPTED", 0.0)  # no refinement reaches a zero residual
     d = torch.ones(n, dtype=torch.float64)
     factor = ff.FreeFactor(cholesky_shifted, mixed=True)
-    X = factor.solve(K, None, free, d, V)
+    X = factor.solve(K, free, d, V)
     assert calls == [False] and factor.held() is not None  # the float64 factor is kept
     _check(K, d, free, V, X, 1e-12)
 
