@@ -54,10 +54,10 @@ from typing import Optional, Tuple
 import torch
 
 from .defaults import CONVERGENCE_WARN_GAP
-from .dense import cholesky_shifted, rows_product, scipy_blas_on_one_thread
+from .dense import cholesky_shifted, rows_product, scipy_blas_on_one_thread, submatrix
 from .engines import (Monitor, at_rounding_floor, exact_compute_dtype, register_solver, sigint_as_flag, start_intercept,
                       target_level)
-from .free_factor import FreeFactor, submatrix
+from .free_factor import FreeFactor
 from .losses import Loss
 from .memory import is_out_of_memory
 from .projected_newton import newton_direction

@@ -40,8 +40,13 @@ from typing import Tuple
 
 import torch
 
+try:  # optional: the compiled gather of :func:`submatrix` (torch's two index_selects without it)
+    import numba
+except ImportError:  # pragma: no cover - numba is a dependency
+    numba = None
+
 __all__ = ["MIXED_CONTRACTION", "MIXED_PRECISION_MIN", "RefinedCholesky", "cholesky_ex", "cholesky_shifted",
-           "cholesky_solve", "rows_product", "scipy_blas_on_one_thread"]
+           "cholesky_solve", "rows_product", "scipy_blas_on_one_thread", "submatrix"]
 
 
 def _scipy_potrf(dtype: torch.dtype):
@@ -93,6 +98,41 @@ def scipy_blas_on_one_thread():
     for an engine's whole fit, whose hundreds of small factorisations each paid the limit's 10-30 us. Does
     nothing when torch runs on more than one thread (SciPy's path is then not taken)."""
     return _ONE_BLAS_THREAD if torch.get_num_threads() == 1 else contextlib.nullcontext()
+
+
+#: Entries of ``K`` gathered at a time by :func:`submatrix` without numba (bounds its temporary rows).
+GATHER_ELEMENTS = 2**21
+
+
+def _gather_loop(K, rows, cols, out):  # pragma: no cover - compiled
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for j in range(cols.shape[0]):
+            out[i, j] = K[r, cols[j]]
+
+
+_gather_compiled = numba.njit(cache=True, nogil=True)(_gather_loop) if numba is not None else None
+
+
+def submatrix(K: torch.Tensor, rows: torch.Tensor, cols: Optional[torch.Tensor] = None,
+              out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``K[rows][:, cols]`` (``cols = rows`` by default), into ``out`` when given. On the CPU a compiled loop reads
+    each entry once: 4-8x faster than ``index_select`` twice, which copies whole rows first and then gathers along
+    them (into memory already touched: 7.4 ms against 1.3 ms for a 1000 x 1000 block of a 2148 x 2148 matrix, 20
+    ms against 5 ms for 2000 of 4000; a fresh output adds its page faults to either), itself about twice as fast as
+    advanced indexing. Elsewhere, or without numba, the two index_selects, a few rows at a time
+    (:data:`GATHER_ELEMENTS` bounds the temporary rows ``K[rows_chunk, :]``)."""
+    cols = rows if cols is None else cols
+    if out is None:
+        out = torch.empty(rows.numel(), cols.numel(), dtype=K.dtype, device=K.device)
+    if _gather_compiled is not None and K.device.type == "cpu" and K.dim() == 2 and not K.requires_grad \
+            and K.dtype in (torch.float64, torch.float32):
+        _gather_compiled(K.contiguous().numpy(), rows.contiguous().numpy(), cols.contiguous().numpy(), out.numpy())
+        return out
+    step = max(1, GATHER_ELEMENTS // max(1, K.shape[1]))
+    for s in range(0, rows.numel(), step):
+        torch.index_select(K.index_select(0, rows[s:s + step]), 1, cols, out=out[s:s + step])
+    return out
 
 
 def rows_product(R: torch.Tensor, rows: torch.Tensor, V: torch.Tensor) -> torch.Tensor:

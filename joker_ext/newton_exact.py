@@ -73,8 +73,7 @@ import torch
 
 from .active_set import active_set
 from .dense import (MIXED_CONTRACTION, MIXED_PRECISION_MIN, RefinedCholesky, cholesky_ex, cholesky_shifted,
-                    cholesky_solve, rows_product)
-from .free_factor import submatrix
+                    cholesky_solve, rows_product, submatrix)
 from .engines import Monitor, at_rounding_floor, exact_compute_dtype, register_solver, sigint_as_flag, start_intercept
 from .intercept import feasible_dual
 from .losses import Loss

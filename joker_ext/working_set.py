@@ -104,9 +104,9 @@ import torch
 from .active_set import (FREE, MAX_INNER, SIGMA_FLOOR, SIGMA_START, GapStall, _Column, box_qp_inputs,
                          merge_duplicate_rows, next_sigma, outer_loop, supports_active_set)
 from .defaults import FILL_ELEMENTS, WORKING_SET_DTYPE
-from .dense import cholesky_shifted, rows_product, scipy_blas_on_one_thread
+from .dense import cholesky_shifted, rows_product, scipy_blas_on_one_thread, submatrix
 from .interior_point import solve_box_qp
-from .free_factor import FreeFactor, submatrix
+from .free_factor import FreeFactor
 from .engines import (Monitor, at_rounding_floor, register_solver, sigint_as_flag, target_level,
                       working_set_size as default_size)
 from .losses import Loss

@@ -1,10 +1,12 @@
 """joker_ext.dense.cholesky_ex against torch.linalg.cholesky_ex and the defining property H = L L^T (SciPy's path,
-taken when torch runs on one thread, unless a test says otherwise)."""
+taken when torch runs on one thread, unless a test says otherwise); its gathers (rows_product, submatrix) against
+plain indexing."""
 import pytest
 import torch
 
 import numpy as np
 
+import joker_ext.dense as dense
 from joker_ext.dense import RefinedCholesky, cholesky_ex, cholesky_solve, rows_product
 
 
@@ -232,3 +234,26 @@ def test_rows_product_is_the_chosen_rows_transposed_times_v():
     for T in (1, 3):
         V = torch.randn(4, T, generator=g, dtype=torch.float64)
         torch.testing.assert_close(rows_product(R, rows, V), R[rows].T @ V, rtol=1e-14, atol=1e-14)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_submatrix_is_advanced_indexing(monkeypatch, compiled):
+    """:func:`~joker_ext.dense.submatrix` against ``K[rows][:, cols]``: the compiled gather and the
+    index_selects (``compiled=False``), into a fresh matrix or a given one, rows and columns in any order."""
+    if not compiled:
+        monkeypatch.setattr(dense, "_gather_compiled", None)
+    elif dense._gather_compiled is None:
+        pytest.skip("numba is not installed")
+    monkeypatch.setattr(dense, "GATHER_ELEMENTS", 64)  # several chunks of rows on the index_select path
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float64, torch.float32):
+        K = torch.randn(50, 40, generator=g, dtype=dtype)
+        rows, cols = torch.randperm(50, generator=g)[:17], torch.randperm(40, generator=g)[:23]
+        assert torch.equal(dense.submatrix(K, rows, cols), K[rows][:, cols])
+        square = K[:40]
+        assert torch.equal(dense.submatrix(square, cols), square[cols][:, cols])
+        out = torch.full((17 * 23 + 5,), float("nan"), dtype=dtype)
+        view = out[:17 * 23].view(17, 23)
+        assert dense.submatrix(K, rows, cols, out=view).data_ptr() == out.data_ptr()
+        assert torch.equal(view, K[rows][:, cols]) and torch.isnan(out[17 * 23:]).all()
+        assert dense.submatrix(K, rows[:0]).shape == (0, 0)

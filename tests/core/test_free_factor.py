@@ -84,29 +84,6 @@ def test_relabelled_factor_solves_the_next_matrix(monkeypatch):
         factor.relabel(position[:-1])
 
 
-@pytest.mark.parametrize("compiled", [True, False])
-def test_submatrix_is_advanced_indexing(monkeypatch, compiled):
-    """:func:`~joker_ext.free_factor.submatrix` against ``K[rows][:, cols]``: the compiled gather and the
-    index_selects (``compiled=False``), into a fresh matrix or a given one, rows and columns in any order."""
-    if not compiled:
-        monkeypatch.setattr(ff, "_gather_compiled", None)
-    elif ff._gather_compiled is None:
-        pytest.skip("numba is not installed")
-    monkeypatch.setattr(ff, "GATHER_ELEMENTS", 64)  # several chunks of rows on the index_select path
-    g = torch.Generator().manual_seed(0)
-    for dtype in (torch.float64, torch.float32):
-        K = torch.randn(50, 40, generator=g, dtype=dtype)
-        rows, cols = torch.randperm(50, generator=g)[:17], torch.randperm(40, generator=g)[:23]
-        assert torch.equal(ff.submatrix(K, rows, cols), K[rows][:, cols])
-        square = K[:40]
-        assert torch.equal(ff.submatrix(square, cols), square[cols][:, cols])
-        out = torch.full((17 * 23 + 5,), float("nan"), dtype=dtype)
-        view = out[:17 * 23].view(17, 23)
-        assert ff.submatrix(K, rows, cols, out=view).data_ptr() == out.data_ptr()
-        assert torch.equal(view, K[rows][:, cols]) and torch.isnan(out[17 * 23:]).all()
-        assert ff.submatrix(K, rows[:0]).shape == (0, 0)
-
-
 def test_residual_scale_follows_the_matrix_it_is_asked_about():
     """A factor that serves one matrix and then a smaller one (the working set's next subproblem, when no factor
     carried over) bounds ``|H_FF|_inf`` of the matrix it is given: ``max_i (|K_i:|_1 + |d_i|)`` over the free rows,
