@@ -510,7 +510,7 @@ class _KernelRows:
                     return self.cache.buffer
                 if self._block.numel() < m * m:  # room for sets a quarter larger (pages are touched as used)
                     side = min(self.n, m + m // 4)
-                    self._block = torch.empty(0, dtype=self._block.dtype, device=self._block.device)
+                    self._block = torch.empty(0, dtype=self._block.dtype, device=self._block.device)  # freed first
                     self._block = torch.empty(side * side, dtype=self._block.dtype, device=self._block.device)
                 return submatrix(self.cache.buffer, B, out=self._block[:m * m].view(m, m))
         XB = self.cache.X[B]
