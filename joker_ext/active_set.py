@@ -568,13 +568,14 @@ def _duplicate_groups(X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
     at n = 10,000, d = 8 (``torch.unique`` of whole rows took 16 ms at n = 10,000, d = 9)."""
     n = X.shape[0]
     Xf = X.to(torch.float64).reshape(n, -1)
-    unit = Xf.abs().amax(0).clamp_min(torch.finfo(torch.float64).tiny) * (
+    # (each column's largest magnitude as max(max, -min): ``abs().amax(0)`` reduced across rows six times slower)
+    unit = torch.maximum(Xf.amax(0), -Xf.amin(0)).clamp_min(torch.finfo(torch.float64).tiny) * (
         NEAR_DUPLICATE_ULPS * torch.finfo(torch.float64).eps)
     # each row's target as a label, column by column (``torch.unique(dim=0)`` of the rows took 5 ms at n = 4000
     # with three one-vs-rest columns, against 0.1 ms per column here)
-    Yr = Y.reshape(n, -1)
-    target = torch.zeros(n, dtype=torch.long, device=Y.device)
-    for column in Yr.unbind(1):
+    columns = Y.reshape(n, -1).unbind(1)
+    target = torch.unique(columns[0], return_inverse=True)[1]
+    for column in columns[1:]:
         target = torch.unique(target * n + torch.unique(column, return_inverse=True)[1], return_inverse=True)[1]
     u = torch.randn(Xf.shape[1], generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(Xf.device)
     proj = Xf @ (u / unit)  # the projection of the inputs in units of the tolerance
