@@ -256,17 +256,51 @@ def test_first_subproblem_after_the_smo_phase_tries_the_exact_steps_before_a_pro
     X, y = make_classification(n_samples=n, n_features=d, n_informative=d // 2, class_sep=1.5, flip_y=0.0,
                                random_state=2)
     gamma = 1.0 / (d * X.var())
-    subproblem = ws._subproblem
+    subproblem, select = ws._subproblem, ws._select
     fits = []
     for near_first in (True, False):
-        if not near_first:  # every subproblem as any other: a proximal round first
+        if not near_first:  # every subproblem as any other: a proximal round first, the usual fillers
             monkeypatch.setattr(ws, "_subproblem", lambda *args: subproblem(*args[:-1], False))
+            monkeypatch.setattr(ws, "_select", lambda *args: select(*args[:-1], False))
         est = JokerClassifier(loss="hinge", C=1.0, gamma=gamma, fit_intercept=True).fit(X, y)
         assert est.status_ == "converged" and est.relative_gap_ <= 1e-10
         fits.append(est)
     assert fits[0].n_iter_ == 1 and fits[1].n_iter_ >= 2
     svc = SVC(C=1.0, gamma=gamma, tol=1e-10).fit(X, y)
     np.testing.assert_allclose(fits[0].decision_function(X[:200]), svc.decision_function(X[:200]), atol=1e-5)
+
+
+def test_first_working_set_after_the_smo_phase_holds_every_violator_with_few_fillers(monkeypatch):
+    """optdigits (class 0 against the rest, n = 4000, C = 1): after the SMO phase one or two coordinates outside the
+    free set violate their optimality conditions. The first working set holds every violator at the intercept the
+    set is chosen at, with far fewer fillers than ``q = 512`` would bring (the usual set is larger by 200 or more);
+    the fit ends after that one subproblem with SVC's decision function (tol 1e-10)."""
+    from sklearn.svm import SVC
+    from joker_ext import JokerClassifier
+    from joker_ext.comparisons.datasets import load
+    import joker_ext.working_set as ws
+
+    ds = load("optdigits", n_train=4000, n_test=100, seed=0)
+    X, y = np.asarray(ds.X_train, dtype=np.float64), (np.asarray(ds.y_train) == 0).astype(np.int64)
+    gamma = 1.0 / (X.shape[1] * X.var())
+    select, chosen = ws._select, []
+
+    def recorded(col, a, bounds, q, intercept, b, cap, is_free, near):
+        B = select(col, a, bounds, q, intercept, b, cap, is_free, near)
+        if near:
+            usual = select(col, a, bounds, q, intercept, b, cap, is_free, False)
+            violators = torch.nonzero((bounds[0] > b) | (bounds[1] < b)).reshape(-1)
+            chosen.append((B, usual, violators, int(is_free.sum())))
+        return B
+
+    monkeypatch.setattr(ws, "_select", recorded)
+    est = JokerClassifier(loss="hinge", C=1.0, gamma=gamma, fit_intercept=True).fit(X, y)
+    assert est.status_ == "converged" and est.relative_gap_ <= 1e-13 and est.n_iter_ == 1
+    (B, usual, violators, n_free), = chosen
+    assert torch.isin(violators, B).all()
+    assert B.numel() <= n_free + max(ws.NEAR_FILL, 2 * violators.numel()) and usual.numel() >= B.numel() + 200
+    svc = SVC(C=1.0, gamma=gamma, tol=1e-10).fit(X, y)
+    np.testing.assert_allclose(est.decision_function(X[:200]), svc.decision_function(X[:200]), atol=1e-5)
 
 
 def test_a_working_set_that_adds_no_violator_after_an_exact_solve_is_not_solved_again(monkeypatch):
