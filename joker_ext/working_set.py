@@ -170,6 +170,13 @@ INTERIOR_POINT_TOL = 1e-8
 #: hinge 0.40-1.05x); 1 rather than 0.8 (which also stopped rounds going 467, 379, ...) took hinge at gamma = 0.5 to
 #: 0.75x (n = 4000) and 0.88x (n = 10,000), the other problems within 1%.
 QUICK_SHRINK = 1.0
+#: The same rule for the first subproblem after the SMO phase (near the solution: :func:`_subproblem`'s ``near``), whose
+#: quick steps may change four times as many coordinates as the step before: spambase (hinge at 4x 'scale', C = 1 and
+#: 10) stopped them after two steps and went to the interior point: 0.285 -> 0.145 s and 0.39 -> 0.18 s; the other
+#: problems of a 19-problem panel (hinge, epsilon-insensitive, squared hinge, Huber) within the noise (no limit did
+#: as well; 2 only the first spambase fit). Everywhere (2 for every subproblem) it made epsilon-insensitive on
+#: flights at C = 10 1.1x slower.
+QUICK_SHRINK_NEAR = 4.0
 #: When the interior point's relative complementarity first reaches this, the same quick steps try to finish the
 #: subproblem from the sets its iterate predicts; the interior point goes on only when they stop (hinge,
 #: n = 10,000, gamma = 0.5, whose subproblems of 1,700-2,600 coordinates went to the interior point: 0.71x the time;
@@ -458,7 +465,7 @@ def _subproblem(col: _Column, K_BB, B, a, f, b: float, sigma: float, floor: floa
         # at n = 4000, letter, penbased, satimage, texture, optdigits at C = 10, 2-3 -> 1 outer iterations, 0.81-0.96x
         # the time; a proximal round moved them part of the way, and the exact solve came one iteration later.)
         first = max(FIRST_FREE, int(QUICK_FIRST * free))
-        done = _round_at_floor(sub, aB, fB, b, col.scale, QUICK_SHRINK, first)
+        done = _round_at_floor(sub, aB, fB, b, col.scale, QUICK_SHRINK_NEAR if near else QUICK_SHRINK, first)
         if done is not None:
             return done[0], done[1], sigma, floor, True, False
     quick_failed = float64 and mostly_free and quick

@@ -303,6 +303,34 @@ def test_first_working_set_after_the_smo_phase_holds_every_violator_with_few_fil
     np.testing.assert_allclose(est.decision_function(X[:200]), svc.decision_function(X[:200]), atol=1e-5)
 
 
+def test_first_subproblem_after_the_smo_phase_finishes_by_active_set_steps_that_do_not_shrink(monkeypatch):
+    """spambase (hinge, C = 10, gamma 4x 'scale'; 1,350 of its 1,361 coordinates free): the quick steps of the first
+    subproblem after the SMO phase changed more than twice as many sets at their second step as at their first and
+    stopped there for an interior-point solve; allowed ``QUICK_SHRINK_NEAR`` times as many, they settle without the interior
+    point. Both models are SVC's (tol 1e-10)."""
+    from sklearn.svm import SVC
+    from joker_ext import JokerClassifier
+    from joker_ext.comparisons.datasets import load
+    import joker_ext.working_set as ws
+
+    ds = load("spambase", n_test=100, seed=0)
+    X, y = np.asarray(ds.X_train, dtype=np.float64), np.asarray(ds.y_train)
+    gamma = 4.0 / (X.shape[1] * X.var())
+    interior, calls = ws._interior_point, []
+    monkeypatch.setattr(ws, "_interior_point", lambda *args: calls.append(1) or interior(*args))
+    counts, fits = [], []
+    for shrink in (ws.QUICK_SHRINK_NEAR, ws.QUICK_SHRINK):
+        monkeypatch.setattr(ws, "QUICK_SHRINK_NEAR", shrink)
+        calls.clear()
+        fits.append(JokerClassifier(loss="hinge", C=10.0, gamma=gamma, fit_intercept=True).fit(X, y))
+        assert fits[-1].status_ == "converged" and fits[-1].relative_gap_ <= 1e-13
+        counts.append(len(calls))
+    assert counts[0] == 0 and counts[1] >= 1
+    svc = SVC(C=10.0, gamma=gamma, tol=1e-10).fit(X, y)
+    for est in fits:
+        np.testing.assert_allclose(est.decision_function(X[:200]), svc.decision_function(X[:200]), atol=1e-5)
+
+
 def test_a_working_set_that_adds_no_violator_after_an_exact_solve_is_not_solved_again(monkeypatch):
     """optdigits (class 0 against the rest, n = 4000, C = 10): the first subproblem after the SMO phase is solved
     exactly at a gap of 2e-14; the next working set differs from it by one filler, a coordinate that satisfies its
