@@ -306,8 +306,8 @@ def test_first_working_set_after_the_smo_phase_holds_every_violator_with_few_fil
 def test_first_subproblem_after_the_smo_phase_finishes_by_active_set_steps_that_do_not_shrink(monkeypatch):
     """spambase (hinge, C = 10, gamma 4x 'scale'; 1,350 of its 1,361 coordinates free): the quick steps of the first
     subproblem after the SMO phase changed more than twice as many sets at their second step as at their first and
-    stopped there for an interior-point solve; allowed ``QUICK_SHRINK_NEAR`` times as many, they settle without the interior
-    point. Both models are SVC's (tol 1e-10)."""
+    stopped there for an interior-point solve; allowed ``QUICK_SHRINK_NEAR`` times as many, they settle without the
+    interior point. Both models are SVC's (tol 1e-10)."""
     from sklearn.svm import SVC
     from joker_ext import JokerClassifier
     from joker_ext.comparisons.datasets import load
