@@ -46,7 +46,7 @@ except ImportError:  # pragma: no cover - numba is a dependency
     numba = None
 
 __all__ = ["MIXED_CONTRACTION", "MIXED_PRECISION_MIN", "RefinedCholesky", "cholesky_ex", "cholesky_shifted",
-           "cholesky_solve", "rows_product", "scipy_blas_on_one_thread", "submatrix"]
+           "cholesky_solve", "prefault_", "rows_product", "scipy_blas_on_one_thread", "submatrix"]
 
 
 def _scipy_potrf(dtype: torch.dtype):
@@ -102,6 +102,18 @@ def scipy_blas_on_one_thread():
 
 #: Entries of ``K`` gathered at a time by :func:`submatrix` without numba (bounds its temporary rows).
 GATHER_ELEMENTS = 2**21
+#: Fresh CPU outputs of at least this many entries are touched by :func:`prefault_` before a compiled loop fills them.
+PREFAULT_ELEMENTS = 2**17
+
+
+def prefault_(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (fresh memory) zeroed in place by torch's threads when it is a CPU tensor of at least
+    :data:`PREFAULT_ELEMENTS` entries: its pages are then mapped by every thread at once instead of one by one inside
+    the single-threaded compiled loop that fills it (47 MB, a 2,421 x 2,421 block: 9 ms of zeroing on two threads and
+    a 7.7 ms gather, against 27.6 ms for the gather into untouched memory). Returns ``t``."""
+    if t.device.type == "cpu" and t.numel() >= PREFAULT_ELEMENTS:
+        t.zero_()
+    return t
 
 
 def _gather_loop(K, rows, cols, out):  # pragma: no cover - compiled
@@ -123,10 +135,13 @@ def submatrix(K: torch.Tensor, rows: torch.Tensor, cols: Optional[torch.Tensor] 
     advanced indexing. Elsewhere, or without numba, the two index_selects, a few rows at a time
     (:data:`GATHER_ELEMENTS` bounds the temporary rows ``K[rows_chunk, :]``)."""
     cols = rows if cols is None else cols
-    if out is None:
+    fresh = out is None
+    if fresh:
         out = torch.empty(rows.numel(), cols.numel(), dtype=K.dtype, device=K.device)
     if _gather_compiled is not None and K.device.type == "cpu" and K.dim() == 2 and not K.requires_grad \
             and K.dtype in (torch.float64, torch.float32):
+        if fresh:
+            prefault_(out)
         _gather_compiled(K.contiguous().numpy(), rows.contiguous().numpy(), cols.contiguous().numpy(), out.numpy())
         return out
     step = max(1, GATHER_ELEMENTS // max(1, K.shape[1]))

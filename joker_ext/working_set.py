@@ -104,7 +104,7 @@ import torch
 from .active_set import (FREE, MAX_INNER, SIGMA_FLOOR, SIGMA_START, GapStall, _Column, box_qp_inputs,
                          merge_duplicate_rows, next_sigma, outer_loop, supports_active_set)
 from .defaults import FILL_ELEMENTS, WORKING_SET_DTYPE
-from .dense import cholesky_shifted, rows_product, scipy_blas_on_one_thread, submatrix
+from .dense import cholesky_shifted, prefault_, rows_product, scipy_blas_on_one_thread, submatrix
 from .interior_point import solve_box_qp
 from .free_factor import FreeFactor
 from .engines import (Monitor, at_rounding_floor, register_solver, sigint_as_flag, target_level,
@@ -513,6 +513,7 @@ class _KernelRows:
         self.n = cache.X.shape[0]
         self._B = None
         self._block = torch.empty(0, dtype=cache.buffer.dtype, device=cache.buffer.device)
+        self._touched = 0  # the entries of _block whose pages prefault_ has mapped
 
     def block(self, B: torch.Tensor) -> torch.Tensor:
         """``K_BB``, valid until the next call: gathered from the cached rows when the cache keeps every row and
@@ -532,6 +533,10 @@ class _KernelRows:
                     side = min(self.n, m + m // 4)
                     self._block = torch.empty(0, dtype=self._block.dtype, device=self._block.device)  # freed first
                     self._block = torch.empty(side * side, dtype=self._block.dtype, device=self._block.device)
+                    self._touched = 0
+                if m * m > self._touched:  # pages the gather would map one by one
+                    prefault_(self._block[self._touched:m * m])
+                    self._touched = m * m
                 return submatrix(self.cache.buffer, B, out=self._block[:m * m].view(m, m))
         XB = self.cache.X[B]
         return self.cache.operator.kernel(XB, XB)
