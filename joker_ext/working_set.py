@@ -230,10 +230,11 @@ USE_SMO = True
 #: mushroom at 4x 'scale' 0.82-0.95x, make_classification d = 32 at gamma 0.125, C = 10, 0.86-0.89x, the other
 #: problems of the panel within the noise; 0.6 was no better.
 WHOLE_SHARE = 0.8
-#: The first working set after the SMO phase takes at most ``NEAR_RATIO`` times as many coordinates besides the free
-#: ones as violate their optimality conditions, or ``NEAR_FILL`` (:func:`_select`'s ``near``): on letter, penbased and
-#: optdigits 1-2 coordinates outside the free set violate, and the 250-300 fillers of ``q = 512`` made the block and
-#: its exact solve three times larger. Measured (hinge, n = 4000, alternating fits): the easy KEEL sets 0.9-0.97x,
+#: The first working set after the SMO phase takes at most ``NEAR_RATIO`` times as many violators and fillers besides
+#: its free coordinates as there are coordinates that violate their optimality conditions (free ones included), or
+#: ``NEAR_FILL`` if that is more (:func:`_select`'s ``near``): on letter, penbased and optdigits 1-2 coordinates
+#: outside the free set violate, and the 250-300 fillers of ``q = 512`` made the block and its exact solve three times
+#: larger. Measured (hinge, n = 4000, alternating fits): the easy KEEL sets 0.9-0.97x,
 #: phoneme 0.92x (4 -> 1 outer iterations), 16 other problems (hinge, epsilon-insensitive, squared hinge, Huber)
 #: within the noise.
 NEAR_FILL = 32
@@ -326,8 +327,9 @@ def _select(col: _Column, a, bounds, q: int, intercept: bool, b: float = 0.0, ca
     coordinates are free, the violators come from the others, ``MOSTLY_FREE_VIOLATORS |free|`` of them at most (at
     least ``q / 2``). ``bounds``: :meth:`_Column.intercept_bounds` at ``a`` (the cap cuts the free coordinates where
     twice their number exceeds it); ``is_free``: :func:`_free` at ``a`` when the caller has it. ``near``: ``a`` is
-    near the solution (the SMO phase's point), where the fillers are few: at most ``NEAR_RATIO`` times as many
-    coordinates outside the free set as violate their conditions at ``b``, or ``NEAR_FILL``."""
+    near the solution (the SMO phase's point), where the violators and fillers chosen besides the free set number at
+    most ``NEAR_RATIO`` times the coordinates that violate their conditions at ``b`` (free ones included), or
+    ``NEAR_FILL`` if that is more."""
     lower, upper = bounds
     n = a.numel()
     is_free = _free(col, a) if is_free is None else is_free
