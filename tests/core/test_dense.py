@@ -226,13 +226,16 @@ def test_refined_cholesky_reports_a_factor_too_inexact_to_refine():
     torch.testing.assert_close(X, reference, rtol=0, atol=1e-3 * float(reference.abs().max()))
 
 
-def test_rows_product_is_the_chosen_rows_transposed_times_v():
-    """``rows_product(R, rows, V) = R[rows]^T V`` for one or several columns of ``V``, rows in any order."""
+def test_rows_product_is_the_chosen_rows_transposed_times_v(monkeypatch):
+    """``rows_product(R, rows, V) = R[rows]^T V`` for one or several columns of ``V`` (the sparse product and the
+    chunked dense one), rows in any order; rows not chosen are never read (a cache's rows not yet formed)."""
+    monkeypatch.setattr(dense, "GATHER_ELEMENTS", 24)  # chunks of two rows on the dense path
     g = torch.Generator().manual_seed(1)
     R = torch.randn(30, 12, generator=g, dtype=torch.float64)
-    rows = torch.tensor([7, 2, 29, 11])
-    for T in (1, 3):
-        V = torch.randn(4, T, generator=g, dtype=torch.float64)
+    R[5] = float("nan")
+    rows = torch.tensor([7, 2, 29, 11, 0])
+    for T in (1, 2, 3, 6):
+        V = torch.randn(5, T, generator=g, dtype=torch.float64)
         torch.testing.assert_close(rows_product(R, rows, V), R[rows].T @ V, rtol=1e-14, atol=1e-14)
 
 
