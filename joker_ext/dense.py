@@ -102,6 +102,11 @@ def scipy_blas_on_one_thread():
 
 #: Entries of ``K`` gathered at a time by :func:`submatrix` without numba (bounds its temporary rows).
 GATHER_ELEMENTS = 2**21
+def _rows_per_chunk(width: int) -> int:
+    """Rows of ``width`` entries gathered at a time: :data:`GATHER_ELEMENTS` entries at most (one row at least)."""
+    return max(1, GATHER_ELEMENTS // max(1, width))
+
+
 #: Fresh CPU outputs of at least this many entries are touched by :func:`prefault_` before a compiled loop fills them.
 PREFAULT_ELEMENTS = 2**17
 
@@ -144,7 +149,7 @@ def submatrix(K: torch.Tensor, rows: torch.Tensor, cols: Optional[torch.Tensor] 
             prefault_(out)
         _gather_compiled(K.contiguous().numpy(), rows.contiguous().numpy(), cols.contiguous().numpy(), out.numpy())
         return out
-    step = max(1, GATHER_ELEMENTS // max(1, K.shape[1]))
+    step = _rows_per_chunk(K.shape[1])
     for s in range(0, rows.numel(), step):
         torch.index_select(K.index_select(0, rows[s:s + step]), 1, cols, out=out[s:s + step])
     return out
@@ -164,7 +169,7 @@ def rows_product(R: torch.Tensor, rows: torch.Tensor, V: torch.Tensor) -> torch.
     k, T = V.shape
     if T > SPARSE_PRODUCT_COLUMNS:
         out = torch.zeros(R.shape[1], T, dtype=torch.result_type(R, V), device=R.device)
-        step = max(1, GATHER_ELEMENTS // max(1, R.shape[1]))
+        step = _rows_per_chunk(R.shape[1])
         for s in range(0, k, step):
             out.addmm_(R.index_select(0, rows[s:s + step]).mT, V[s:s + step])
         return out

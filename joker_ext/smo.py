@@ -187,7 +187,8 @@ def _unshrink(act):  # pragma: no cover - compiled
 def _shrink(act, n_act, a, g, kink, up_off, down_off, low, high):  # pragma: no cover - compiled
     """Keep in ``act[:n_act]`` the coordinates that may still be chosen: the free ones, and those at a bound or at
     the kink whose cost of moving off it is within ``[low, high]`` (up: ``dp <= high``; down: ``dm >= low``). Returns
-    the new count."""
+    the new count; every coordinate, in order, when more than ``SHRINK_KEEP_MAX`` of them would stay (scans in order
+    over all of them are the cheaper)."""
     kept = 0
     for p in range(n_act):
         k = act[p]
@@ -195,6 +196,8 @@ def _shrink(act, n_act, a, g, kink, up_off, down_off, low, high):  # pragma: no 
         if free or g[k] + up_off[k] <= high or g[k] + down_off[k] >= low:
             act[kept] = k
             kept += 1
+    if kept > SHRINK_KEEP_MAX * act.shape[0]:
+        return _unshrink(act)
     return kept
 
 
@@ -278,8 +281,6 @@ def _pair_steps(R, have, rows, diag, h, kink, lo, hi, a, g, tol, tau, max_steps,
         countdown -= 1
         if countdown == 0:
             n_act = _shrink(act, n_act, a, g, kink, up_off, down_off, dp_i, dm_max)
-            if n_act > SHRINK_KEEP_MAX * n:  # scans in order over all of them are the cheaper
-                n_act = _unshrink(act)
             countdown = min(n, SHRINK_EVERY)
         if not _row_at_hand(R, have, rows, i):
             return step, _NEEDS_ROW, i, n_act, countdown
@@ -342,8 +343,6 @@ def _single_steps(R, have, rows, diag, h, kink, lo, hi, a, g, tol, tau, max_step
         countdown -= 1
         if countdown == 0:
             n_act = _shrink(act, n_act, a, g, kink, up_off, down_off, -violation, violation)
-            if n_act > SHRINK_KEEP_MAX * n:  # scans in order over all of them are the cheaper
-                n_act = _unshrink(act)
             countdown = min(n, SHRINK_EVERY)
         if not _row_at_hand(R, have, rows, i):
             return step, _NEEDS_ROW, i, n_act, countdown

@@ -234,9 +234,8 @@ WHOLE_SHARE = 0.8
 #: its free coordinates as there are coordinates that violate their optimality conditions (free ones included), or
 #: ``NEAR_FILL`` if that is more (:func:`_select`'s ``near``): on letter, penbased and optdigits 1-2 coordinates
 #: outside the free set violate, and the 250-300 fillers of ``q = 512`` made the block and its exact solve three times
-#: larger. Measured (hinge, n = 4000, alternating fits): the easy KEEL sets 0.9-0.97x,
-#: phoneme 0.92x (4 -> 1 outer iterations), 16 other problems (hinge, epsilon-insensitive, squared hinge, Huber)
-#: within the noise.
+#: larger. Measured (hinge, n = 4000, alternating fits): the easy KEEL sets 0.9-0.97x, phoneme 0.92x (4 -> 1 outer
+#: iterations), 16 other problems (hinge, epsilon-insensitive, squared hinge, Huber) within the noise.
 NEAR_FILL = 32
 NEAR_RATIO = 2.0
 
@@ -343,7 +342,7 @@ def _select(col: _Column, a, bounds, q: int, intercept: bool, b: float = 0.0, ca
         budget = min(budget, max(q // 2, int(MOSTLY_FREE_VIOLATORS * free.numel())))
         lower, upper = lower.masked_fill(is_free, -math.inf), upper.masked_fill(is_free, math.inf)
     if near:
-        violators = int(((lower > b) | (upper < b)).sum())
+        violators = int(_violating(lower, upper, b).sum())
         budget = min(budget, max(NEAR_FILL, int(NEAR_RATIO * violators)))
     if intercept:
         half = max(1, budget // 2)
@@ -356,13 +355,19 @@ def _select(col: _Column, a, bounds, q: int, intercept: bool, b: float = 0.0, ca
     return torch.unique(torch.cat([free, chosen]))
 
 
+def _violating(lower: torch.Tensor, upper: torch.Tensor, b: float) -> torch.Tensor:
+    """Which coordinates violate their optimality condition at the intercept ``b``: ``b`` outside their interval
+    ``[lower, upper]`` (:meth:`_Column.intercept_bounds`)."""
+    return (lower > b) | (upper < b)
+
+
 def _violates(idx: torch.Tensor, bounds, b: float) -> bool:
     """Whether a coordinate of ``idx`` violates its optimality condition at the intercept ``b``: ``b`` outside its
     interval ``[lower, upper]`` (:meth:`_Column.intercept_bounds`). A working set that adds only coordinates which do
     not, to one whose subproblem was solved exactly, poses the same subproblem again (its fillers, the next-worst
     coordinates, change with rounding: optdigits at C = 10 solved it a second time at a gap of 1.9e-14)."""
     lower, upper = bounds
-    return bool(((lower[idx] > b) | (upper[idx] < b)).any())
+    return bool(_violating(lower[idx], upper[idx], b).any())
 
 
 def _best_intercept(bounds, b_sub: float) -> float:
