@@ -52,8 +52,9 @@ EXP_FLOOR = -708.0
 
 class RowFormer(NamedTuple):
     """What the compiled loop needs to form rows of ``K(X, X)``: ``points`` (``d x n``, the scaled inputs by
-    dimension), the family's code, the output scale, scratch space (``3 x n``), and ``left[0]``, the rows it may
-    still form (the loop counts it down; at 0 it forms no more)."""
+    dimension), the family's code, the output scale, scratch space (``4 x n``: three rows for :func:`form_row`, one
+    for the row it forms), and ``left[0]``, the rows it may still form (the loop counts it down; at 0 it forms no
+    more)."""
     points: np.ndarray
     family: int
     scale: float
@@ -63,7 +64,7 @@ class RowFormer(NamedTuple):
 
 def no_row_former() -> RowFormer:
     """The former of a kernel whose rows the loop cannot form (family ``NONE``)."""
-    return RowFormer(np.zeros((0, 0)), NONE, 1.0, np.zeros((3, 0)), np.zeros(1, dtype=np.int64))
+    return RowFormer(np.zeros((0, 0)), NONE, 1.0, np.zeros((4, 0)), np.zeros(1, dtype=np.int64))
 
 
 def row_former(kernel, X: torch.Tensor, max_rows: Optional[int] = None) -> Optional[RowFormer]:
@@ -80,7 +81,7 @@ def row_former(kernel, X: torch.Tensor, max_rows: Optional[int] = None) -> Optio
         family = {0.5: LAPLACIAN, 1.5: MATERN_15, 2.5: MATERN_25}[float(kernel.nu)]
     points = kernel.scale_inputs(X.to(torch.float64)).T.contiguous().numpy()
     left = np.array([np.iinfo(np.int64).max if max_rows is None else max(0, int(max_rows))], dtype=np.int64)
-    return RowFormer(points, family, float(kernel.outputscale), np.empty((3, X.shape[0])), left)
+    return RowFormer(points, family, float(kernel.outputscale), np.empty((4, X.shape[0])), left)
 
 
 def _njit(fn):

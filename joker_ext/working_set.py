@@ -111,7 +111,7 @@ from .engines import (Monitor, at_rounding_floor, register_solver, sigint_as_fla
                       working_set_size as default_size)
 from .losses import Loss
 from .memory import is_out_of_memory, working_set_cache_rows
-from .smo import smo_available, smo_phase
+from .smo import smo_available, smo_columns
 from .solver import SolverOptions, SolverResult
 
 __all__ = ["working_set", "supports_working_set"]
@@ -681,15 +681,13 @@ def _smo_start(cache: _ColumnCache, diagK, loss: Loss, Y, c_col, alpha, intercep
                mon: Monitor, interrupted) -> None:
     """Each column of ``alpha`` moved, in place, by :func:`~joker_ext.smo.smo_phase` to a maximal violation of
     ``SMO_TOL`` times its targets' scale, until its sets settle (``SMO_SETTLED``), or for ``SMO_STEPS n`` steps at most
-    (within the time budget)."""
+    (within the time budget); several columns (one-vs-rest, several targets) at once on torch's threads
+    (:func:`~joker_ext.smo.smo_columns`)."""
     deadline = math.inf if opts.max_time is None else mon.t0 + opts.max_time
-    for t in range(Y.shape[1]):
-        col = _Column(None, diagK, loss.column(t), Y[:, t], c_col, intercept)
-        a = alpha[:, t].contiguous()
-        scale = max(float(col.lin.abs().max()), float(col.kink), 1e-300)
-        smo_phase(cache, diagK, col, a, tol=SMO_TOL * scale, deadline=deadline, interrupted=interrupted,
-                  max_steps=int(SMO_STEPS * a.numel()), settled=SMO_SETTLED)
-        alpha[:, t] = a
+    columns = [_Column(None, diagK, loss.column(t), Y[:, t], c_col, intercept) for t in range(Y.shape[1])]
+    tols = [SMO_TOL * max(float(col.lin.abs().max()), float(col.kink), 1e-300) for col in columns]
+    smo_columns(cache, diagK, columns, alpha, tols=tols, deadline=deadline, interrupted=interrupted,
+                max_steps=int(SMO_STEPS * alpha.shape[0]), settled=SMO_SETTLED, workers=torch.get_num_threads())
 
 
 def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: Optional[SolverOptions] = None,

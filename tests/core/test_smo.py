@@ -1,10 +1,13 @@
 """The SMO phase (joker_ext.smo) against cvxpy's solution of the same box QP, and its budget."""
+import threading
 import time
 
 import numpy as np
 import pytest
 import torch
+from sklearn.svm import SVC
 
+from joker_ext import JokerClassifier
 from joker_ext.active_set import _Column
 from joker_ext.data import BlockData
 from joker_ext.kernels import CallableKernel, GaussianKernel
@@ -172,8 +175,8 @@ def test_working_set_reaches_the_same_certified_optimum_with_and_without_the_smo
     loss = get_loss(name, **PARAMS)
     X, y = (make_binary if loss.margin else make_regression)(n=300, seed=4)
     steps = []
-    phase = ws.smo_phase
-    monkeypatch.setattr(ws, "smo_phase", lambda *a, **k: steps.append(phase(*a, **k)) or steps[-1])
+    phase = smo.smo_phase
+    monkeypatch.setattr(smo, "smo_phase", lambda *a, **k: steps.append(phase(*a, **k)) or steps[-1])
     objectives = []
     for use in (True, False):
         monkeypatch.setattr(ws, "USE_SMO", use)
@@ -184,6 +187,58 @@ def test_working_set_reaches_the_same_certified_optimum_with_and_without_the_smo
         objectives.append(m.result.primal)
         assert (len(steps) == 1 and steps[0] > 0) if use else len(steps) == 1  # the phase ran in the first fit only
     assert abs(objectives[0] - objectives[1]) <= 1e-9 * abs(objectives[1])
+
+
+@pytest.mark.parametrize("warm", [False, True])
+def test_one_vs_rest_columns_on_threads_end_where_they_end_one_after_another_at_svcs_models(monkeypatch, warm):
+    """Four one-vs-rest columns (d = 3: the loop forms every row) on two threads: the phases run at once (a barrier
+    that each phase must pass after its first chunk of steps, which one thread alone would never pass), share the
+    cache's rows, and end with the very numbers of the phases one after another (a race on a row half-way through
+    forming, or on its flag, would change them); the certified fit is then each class against the rest as SVC
+    fits it at tol 1e-10. ``warm``: from a nonzero feasible start, whose rows the cache forms first."""
+    rng = np.random.default_rng(3)
+    n = 400
+    X = rng.standard_normal((n, 3))
+    y = np.argmax(X @ rng.standard_normal((3, 4)) + 0.5 * rng.standard_normal((n, 4)), axis=1)
+    loss = get_loss("hinge")
+    op = ExactOperator(GaussianKernel(1.0), BlockData(torch.as_tensor(X), F64, torch.device("cpu")))
+    Y = torch.as_tensor(np.where(y[:, None] == np.arange(4), 1.0, -1.0))
+    c = torch.full((n,), 2.0, dtype=F64)
+
+    def run(workers, barrier=None):
+        cache = _ColumnCache(op, n, F64, torch.device("cpu"))
+        diag = op.kernel.diag(cache.X)
+        columns = [_Column(None, diag, loss.column(t), Y[:, t], c, True) for t in range(4)]
+        alpha = torch.zeros(n, 4, dtype=F64)
+        if warm:  # a feasible start on sum a = 0: one point of each sign per column
+            for t in range(4):
+                i, j = int(torch.nonzero(Y[:, t] > 0)[0]), int(torch.nonzero(Y[:, t] < 0)[0])
+                alpha[i, t], alpha[j, t] = 1.0, -1.0
+        with torch.inference_mode():
+            smo.smo_columns(cache, diag, columns, alpha, tols=[1e-3] * 4, deadline=float("inf"), max_steps=5 * n,
+                            workers=workers, interrupted=barrier or (lambda: False))
+        assert bool(cache.have.any())
+        return alpha
+
+    one_by_one = run(1)
+    barrier = threading.Barrier(2, timeout=30)
+    passed = threading.local()
+
+    def meet():  # polled before each chunk of steps: each thread's first phase waits there for the other's
+        if not getattr(passed, "done", False):
+            passed.done = True
+            barrier.wait()  # BrokenBarrierError after 30 s unless another phase runs at the same time
+        return False
+
+    together = run(2, meet)
+    assert torch.equal(together, one_by_one)
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    clf = JokerClassifier(loss="hinge", C=2.0, gamma=1.0, fit_intercept=True, tol=1e-10).fit(X, y)
+    assert clf.relative_gap_ <= 1e-10
+    for k in range(4):
+        ref = SVC(C=2.0, gamma=1.0, tol=1e-10).fit(X, (y == k).astype(int))
+        assert np.abs(clf.decision_function(X)[:, k] - ref.decision_function(X)).max() <= 1e-6
 
 
 @pytest.mark.parametrize("intercept", [True, False])
