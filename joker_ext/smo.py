@@ -44,9 +44,9 @@ rounding floor from them, in 1-5 outer iterations where it took 9-46 from zero (
 at n = 4000: 1.5-6.7x SVC's time without the phase, 0.8-2.5x with it; the synthetic grid at n = 10,000: 0.45-0.99x
 SVC's and SVR's).
 
-Several columns (one-vs-rest classes, several targets) take their phases at once, on threads, where the loop forms
-every row it reads (:func:`smo_columns`: one-vs-rest at n = 4,000 on two threads, 0.72-0.76x the fit's time on
-penbased, letter and scikit-learn's three- and five-class problems).
+Several columns (one-vs-rest classes, several targets) take their phases at once, on threads, each forming every
+row it reads in the loop (:func:`smo_columns`; on inputs of at most ``CONCURRENT_MAX_DIM`` dimensions: one-vs-rest at
+n = 4,000 on two threads, 0.58-0.97x the fit's time on six KEEL sets and scikit-learn's problems).
 
 The loop is compiled by numba (``cache=True``: once per installation); without numba the phase is skipped.
 """
@@ -110,6 +110,13 @@ FORM_SHARE = 0.5
 #: ``d``: the last three 1.04x, 1.20x and 1.11x; scaled by ``(60 / d)^2``: 1.13x, 1.14x, 1.11x.
 FORM_SHARE_MAX_DIM = 60
 FORM_SHARE_HIGH_DIM = 0.15
+#: Several columns take their phases at once (:func:`smo_columns`) on inputs of at most this many dimensions, each
+#: phase forming every row it reads in the loop: on two threads, against the columns one after another with the rows
+#: as above (one-vs-rest, hinge, n = 4,000, best of three alternating fits): d = 16, penbased and letter 0.75x and
+#: 0.72x; optdigits (d = 64) 0.58-0.63x, satimage (36) 0.78x, texture (40) 0.74x; scikit-learn's
+#: ``make_classification`` d = 50, 100 and 150 0.79x, 0.88-0.91x and 0.97x, d = 200 1.01x, d = 300 1.24x. Beyond 20
+#: dimensions with the rows through the cache (under a lock) instead, optdigits was no faster (0.99x).
+CONCURRENT_MAX_DIM = 128
 #: Steps per call of the compiled loop (between calls the driver checks the time budget and an interrupt).
 CHUNK_STEPS = 20_000
 #: Steps per round of the settling test (times n, at least ``SETTLE_MIN_STEPS``).
@@ -426,14 +433,14 @@ class _Prefetch:
         return self.size
 
 
-def _row_former(cache) -> RowFormer:
+def _row_former(cache, every_row: bool = False) -> RowFormer:
     """The former of the cache's kernel rows inside the loop, where it has one: without a limit on inputs of at most
-    ``FORM_MAX_DIM`` dimensions, up to ``FORM_SHARE n`` rows held on up to ``FORM_SHARE_MAX_DIM``, up to
-    ``FORM_SHARE_HIGH_DIM FORM_SHARE_MAX_DIM n / d`` beyond; else (and beyond its budget) the rows come through the
-    cache, in blocks."""
+    ``FORM_MAX_DIM`` dimensions (of any number with ``every_row``), up to ``FORM_SHARE n`` rows held on up to
+    ``FORM_SHARE_MAX_DIM``, up to ``FORM_SHARE_HIGH_DIM FORM_SHARE_MAX_DIM n / d`` beyond; else (and beyond its
+    budget) the rows come through the cache, in blocks."""
     n, d = cache.X.shape
     budget = None
-    if d > FORM_MAX_DIM:
+    if d > FORM_MAX_DIM and not every_row:
         share = FORM_SHARE if d <= FORM_SHARE_MAX_DIM else FORM_SHARE_HIGH_DIM * FORM_SHARE_MAX_DIM / d
         budget = int(share * n) - int(cache.have.sum())
     former = row_former(cache.operator.kernel, cache.X, budget)
@@ -442,7 +449,7 @@ def _row_former(cache) -> RowFormer:
 
 def smo_phase(cache, diag: torch.Tensor, column, a: torch.Tensor, *, tol: float, deadline: float,
               interrupted=lambda: False, max_steps: Optional[int] = None, settled: float = 0.0,
-              have: Optional[np.ndarray] = None) -> int:
+              have: Optional[np.ndarray] = None, every_row: bool = False) -> int:
     """Take SMO steps on one column of the box QP, in place, until its maximal violation is below ``tol``.
 
     Parameters
@@ -469,6 +476,9 @@ def smo_phase(cache, diag: torch.Tensor, column, a: torch.Tensor, *, tol: float,
     have : ndarray of bool (n,), optional
         Which rows of the cache's buffer hold their kernel row, read and set by the loop: the cache's own flags by
         default; a phase running beside others keeps its own (:func:`smo_columns`).
+    every_row : bool
+        Form every missing row in the loop (where the kernel's rows can be formed there), whatever the inputs'
+        dimension: the phase then never calls back into the cache.
 
     Returns
     -------
@@ -502,7 +512,7 @@ def smo_phase(cache, diag: torch.Tensor, column, a: torch.Tensor, *, tol: float,
     else:
         g = -lin.copy()
     steps_fn = _pair_steps if column.intercept else _single_steps
-    rows = _row_former(cache)
+    rows = _row_former(cache, every_row)
     budget = 50 * n if max_steps is None else int(max_steps)
     taken = 0
     act, n_act, countdown = np.arange(n, dtype=np.int64), n, min(n, SHRINK_FIRST)
@@ -539,31 +549,33 @@ def smo_phase(cache, diag: torch.Tensor, column, a: torch.Tensor, *, tol: float,
 
 
 
-def _forms_every_row(cache) -> bool:
-    """Whether the compiled loop forms every row it reads itself (:func:`_row_former` without a budget), so that a
-    phase never calls back into the cache."""
-    return cache.X.shape[1] <= FORM_MAX_DIM and row_former(cache.operator.kernel, cache.X[:1]) is not None
+def _concurrent(cache) -> bool:
+    """Whether phases may run at once on the cache: its kernel's rows can be formed in the loop, on inputs of at most
+    ``CONCURRENT_MAX_DIM`` dimensions."""
+    return cache.X.shape[1] <= CONCURRENT_MAX_DIM and row_former(cache.operator.kernel, cache.X[:1]) is not None
 
 
 def smo_columns(cache, diag: torch.Tensor, columns: Sequence, alpha: torch.Tensor, *, tols: Sequence[float],
                 deadline: float, interrupted=lambda: False, max_steps: Optional[int] = None, settled: float = 0.0,
                 workers: int = 1) -> None:
     """:func:`smo_phase` on each column of ``alpha`` (n x T, in place), ``columns[t]`` and ``tols[t]`` its data and
-    tolerance; up to ``workers`` columns at once, on threads (the compiled loop releases the GIL), where the loop
-    forms every row it reads itself (the one-vs-rest columns of a multiclass fit share the kernel's rows).
+    tolerance; up to ``workers`` columns at once, on threads (the compiled loop releases the GIL), where the loop can
+    form the kernel's rows, on inputs of at most ``CONCURRENT_MAX_DIM`` dimensions: each phase then forms every row
+    it reads itself (the one-vs-rest columns of a multiclass fit share the kernel's rows).
 
     The phases share the cache's buffer but not its flags: each starts from a copy of the flags (the rows of the
     phases done by then, under a lock) and forms the rows it lacks, perhaps a row another running phase formed or is
     forming too: the compiled former writes a row whole and the same numbers whoever forms it, so each phase reads
-    the rows it would read alone, and the columns end where they end one after another. The flags are merged as
-    each phase ends. The rows of a warm start's nonzero coordinates (of every column) are formed first, through the
+    the numbers it would read alone with every row formed in the loop, and the columns end where they end one after
+    another (exactly so on inputs of at most ``FORM_MAX_DIM`` dimensions, whose rows the loop forms in either case).
+    The flags are merged as each phase ends. The rows of a warm start's nonzero coordinates (of every column) are formed first, through the
     cache, whose bits the compiled former need not reproduce."""
     T = alpha.shape[1]
     workers = max(1, min(int(workers), T))
     nonzero = torch.nonzero(alpha.ne(0).any(dim=1)).reshape(-1)
     if nonzero.numel():  # (on one thread or several, the same rows come from the same former)
         cache(nonzero)
-    if workers == 1 or not _forms_every_row(cache):
+    if workers == 1 or not _concurrent(cache):
         for t in range(T):
             a = alpha[:, t].contiguous()
             smo_phase(cache, diag, columns[t], a, tol=tols[t], deadline=deadline, interrupted=interrupted,
@@ -580,7 +592,7 @@ def smo_columns(cache, diag: torch.Tensor, columns: Sequence, alpha: torch.Tenso
         with torch.inference_mode(inference):
             a = alpha[:, t].clone()
             smo_phase(cache, diag, columns[t], a, tol=tols[t], deadline=deadline, interrupted=interrupted,
-                      max_steps=max_steps, settled=settled, have=have)
+                      max_steps=max_steps, settled=settled, have=have, every_row=True)
         with lock:
             np.logical_or(shared, have, out=shared)
         return a

@@ -241,6 +241,38 @@ def test_one_vs_rest_columns_on_threads_end_where_they_end_one_after_another_at_
         assert np.abs(clf.decision_function(X)[:, k] - ref.decision_function(X)).max() <= 1e-6
 
 
+def test_columns_on_threads_beyond_form_max_dim_form_their_rows_in_the_loop_not_through_the_cache(monkeypatch):
+    """On 40 dimensions (above ``FORM_MAX_DIM``, within ``CONCURRENT_MAX_DIM``) the phases run at once and form every
+    row they read in the loop: the cache forms none while they run; the certified one-vs-rest fit is then each class
+    against the rest as SVC fits it at tol 1e-10."""
+    assert smo.FORM_MAX_DIM < 40 <= smo.CONCURRENT_MAX_DIM
+    rng = np.random.default_rng(5)
+    n = 300
+    X = rng.standard_normal((n, 40))
+    y = np.argmax(X[:, :3] + 0.5 * rng.standard_normal((n, 3)), axis=1)
+    through_cache = []
+    fill, phase = _ColumnCache._fill, smo.smo_phase
+    monkeypatch.setattr(_ColumnCache, "_fill", lambda self, slots, idx: through_cache.append(idx.numel()) or
+                        fill(self, slots, idx))
+    seen = []  # per phase: whether it forms every row, the cache's fills before it and after it
+
+    def checked(*args, **kwargs):
+        before = len(through_cache)
+        steps = phase(*args, **kwargs)
+        seen.append((kwargs.get("every_row", False), before, len(through_cache)))
+        return steps
+
+    monkeypatch.setattr(smo, "smo_phase", checked)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    gamma = 1.0 / 40
+    clf = JokerClassifier(loss="hinge", C=2.0, gamma=gamma, fit_intercept=True, tol=1e-10).fit(X, y)
+    assert len(seen) == 3 and all(every and before == after == seen[0][1] for every, before, after in seen)
+    assert clf.relative_gap_ <= 1e-10
+    for k in range(3):
+        ref = SVC(C=2.0, gamma=gamma, tol=1e-10).fit(X, (y == k).astype(int))
+        assert np.abs(clf.decision_function(X)[:, k] - ref.decision_function(X)).max() <= 1e-6
+
+
 @pytest.mark.parametrize("intercept", [True, False])
 def test_smo_phase_refuses_a_kernel_that_is_not_positive_semidefinite(intercept):
     """A tanh kernel (indefinite: numpy finds a negative eigenvalue of its matrix) makes a step of negative
