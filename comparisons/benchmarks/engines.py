@@ -119,6 +119,31 @@ def real_rows(name: str, n: int, points, device: str = "cpu") -> None:
                        lambda: SVC(C=C, gamma=gamma), C, gamma, device)
 
 
+def multiclass_rows(name: str, n: int, points, device: str = "cpu") -> None:
+    """Every class of the KEEL set ``name`` (loaded as in :func:`real_rows`) with the hinge loss and an intercept:
+    joker_ext's one-vs-rest fit (one column per class) against SVC, which fits one-vs-one (one problem per pair of
+    classes, on their points only). The models differ, so the rows give the fit times, their ratio and the training
+    accuracies, and joker_ext's relative gap (each class against the rest is certified)."""
+    from sklearn.svm import SVC
+
+    from joker_ext import JokerClassifier
+    from joker_ext.comparisons.datasets import load
+
+    ds = load(name, n_test=100, seed=0)
+    if ds.X_train.shape[0] > n:
+        ds = load(name, n_train=n, n_test=100, seed=0)
+    X, y = np.asarray(ds.X_train, dtype=np.float64), np.asarray(ds.y_train)
+    for C, gamma_scale in points:
+        gamma = gamma_scale / (X.shape[1] * X.var())
+        est, t = _best_of(lambda: JokerClassifier(loss="hinge", C=C, gamma=gamma, fit_intercept=True,
+                                                  max_time=600, device=device).fit(X, y), REPEATS)
+        ref, t_ref = _best_of(lambda: SVC(C=C, gamma=gamma).fit(X, y), REPEATS)
+        print(f"exact kernels, {name}, {len(np.unique(y))} classes, n = {X.shape[0]}, d = {X.shape[1]}, C = {C}, "
+              f"gamma = {gamma:.4g} ({gamma_scale} x 'scale'): joker one-vs-rest {t:6.3f} s rel gap "
+              f"{est.relative_gap_:.1e} accuracy {est.score(X, y):.4f} | SVC one-vs-one {t_ref:6.3f} s accuracy "
+              f"{ref.score(X, y):.4f} | time ratio {t / t_ref:5.2f}", flush=True)
+
+
 def generator_rows(n: int, device: str = "cpu") -> None:
     """The rows of :func:`exact_rows` with a scikit-learn estimator on scikit-learn's generators at their defaults
     (seed 0, ``n`` rows, inputs as generated), with scikit-learn's ``gamma='scale'`` (``1 / (d var(X))``): hinge
@@ -452,7 +477,11 @@ def main(argv=None) -> None:
     ap.add_argument("--real", nargs="*", default=[], metavar="NAME",
                     help="real data sets for exact rows against scikit-learn: KEEL names (hinge against SVC) or "
                          "'flights' (squared and epsilon-insensitive against KernelRidge and SVR)")
-    ap.add_argument("--real-n", type=int, default=4000, help="training rows of the --real sets (at most)")
+    ap.add_argument("--multiclass", nargs="*", default=[], metavar="NAME",
+                    help="KEEL sets with every class: joker_ext's one-vs-rest hinge fit against SVC's one-vs-one "
+                         "(times and accuracies; --real-n rows, --real-grid points)")
+    ap.add_argument("--real-n", type=int, default=4000, help="training rows of the --real and --multiclass sets "
+                                                             "(at most)")
     ap.add_argument("--generator-n", type=int, nargs="*", default=[],
                     help="sizes of the problems from scikit-learn's generators at their defaults (hinge against SVC, "
                          "epsilon-insensitive against SVR, gamma='scale')")
@@ -511,6 +540,8 @@ def _run(args) -> None:
             exact_rows(n, seed=seed, C=C, gamma=gamma, n_features=d, device=args.device, reference_only=True)
     for name in args.real:
         real_rows(name, args.real_n, real_points, device=args.device)
+    for name in args.multiclass:
+        multiclass_rows(name, args.real_n, real_points, device=args.device)
     for n in args.generator_n:
         generator_rows(n, device=args.device)
     for n in args.reference_n:

@@ -51,3 +51,14 @@ def test_generator_rows_cover_the_generators_and_match_libsvm(capsys):
     for line in rows:
         rel = float(re.search(r"tol 1e-8: .*\(joker - sklearn\) / sklearn (\S+)", line).group(1))
         assert -1e-4 < rel <= 1e-6
+
+
+def test_multiclass_rows_give_every_class_certified_against_svc(capsys):
+    """``--multiclass``: a KEEL set with all of its ten classes, our one-vs-rest fit certified (relative gap at most
+    1e-8) and as accurate on its training points as SVC's one-vs-one model, to within a point."""
+    engines.main(["--exact-n", "--falkon-n", "--multiclass", "penbased", "--real-n", "400", "--real-grid", "1:1"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("exact kernels, penbased")]
+    assert len(rows) == 1 and "10 classes" in rows[0] and "time ratio" in rows[0]
+    gap = float(re.search(r"rel gap (\S+)", rows[0]).group(1))
+    ours, svc = (float(v) for v in re.findall(r"accuracy (\S+)", rows[0]))
+    assert gap <= 1e-8 and ours >= svc - 0.01
