@@ -229,7 +229,7 @@ def test_refined_cholesky_reports_a_factor_too_inexact_to_refine():
 def test_rows_product_is_the_chosen_rows_transposed_times_v(monkeypatch):
     """``rows_product(R, rows, V) = R[rows]^T V`` for one or several columns of ``V`` (the sparse product and the
     chunked dense one), rows in any order; rows not chosen are never read (a cache's rows not yet formed)."""
-    monkeypatch.setattr(dense, "GATHER_ELEMENTS", 24)  # chunks of two rows on the dense path
+    monkeypatch.setattr(dense, "PRODUCT_CHUNK_ELEMENTS", 24)  # chunks of two rows on the dense path (the last: one)
     g = torch.Generator().manual_seed(1)
     R = torch.randn(30, 12, generator=g, dtype=torch.float64)
     R[5] = float("nan")
