@@ -585,14 +585,22 @@ def smo_columns(cache, diag: torch.Tensor, columns: Sequence, alpha: torch.Tenso
     lock = threading.Lock()
     shared = cache.have.numpy()
     inference = torch.is_inference_mode_enabled()  # (a thread's own mode starts off)
+    failed = threading.Event()  # a phase raised: the others stop at their next chunk of steps
 
     def run(t: int) -> torch.Tensor:
         with lock:
             have = shared.copy()
-        with torch.inference_mode(inference):
-            a = alpha[:, t].clone()
-            smo_phase(cache, diag, columns[t], a, tol=tols[t], deadline=deadline, interrupted=interrupted,
-                      max_steps=max_steps, settled=settled, have=have, every_row=True)
+        a = alpha[:, t].clone()
+        if failed.is_set():
+            return a
+        try:
+            with torch.inference_mode(inference):
+                smo_phase(cache, diag, columns[t], a, tol=tols[t], deadline=deadline,
+                          interrupted=lambda: failed.is_set() or interrupted(), max_steps=max_steps,
+                          settled=settled, have=have, every_row=True)
+        except BaseException:
+            failed.set()
+            raise
         with lock:
             np.logical_or(shared, have, out=shared)
         return a

@@ -273,6 +273,34 @@ def test_columns_on_threads_beyond_form_max_dim_form_their_rows_in_the_loop_not_
         assert np.abs(clf.decision_function(X)[:, k] - ref.decision_function(X)).max() <= 1e-6
 
 
+def test_a_phase_that_raises_stops_the_phases_beside_it_and_its_error_reaches_the_caller(monkeypatch):
+    """One column's phase raises (as on a step of negative curvature) while another runs on the second thread: the
+    running one is told to stop (its ``interrupted`` turns true), the columns not started are skipped, and the error
+    comes out of :func:`smo_columns`."""
+    cache, diag, col, K = _box_qp("hinge", True)
+    n = K.shape[0]
+    started, stopped = [], []
+
+    def phase(cache, diag, column, a, **kwargs):
+        t = len(started)
+        started.append(t)
+        if t == 1:
+            time.sleep(0.05)  # the other phase is polling by then
+            raise torch.linalg.LinAlgError("negative curvature")
+        deadline = time.perf_counter() + 20.0
+        while not kwargs["interrupted"]():
+            assert time.perf_counter() < deadline, "the phase beside the failed one was not stopped"
+            time.sleep(0.001)
+        stopped.append(t)
+        return 0
+
+    monkeypatch.setattr(smo, "smo_phase", phase)
+    with pytest.raises(torch.linalg.LinAlgError, match="negative curvature"):
+        smo.smo_columns(cache, diag, [col] * 6, torch.zeros(n, 6, dtype=F64), tols=[1e-3] * 6,
+                        deadline=float("inf"), workers=2)
+    assert stopped == [0] and len(started) == 2
+
+
 @pytest.mark.parametrize("intercept", [True, False])
 def test_smo_phase_refuses_a_kernel_that_is_not_positive_semidefinite(intercept):
     """A tanh kernel (indefinite: numpy finds a negative eigenvalue of its matrix) makes a step of negative
