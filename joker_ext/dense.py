@@ -177,7 +177,7 @@ def rows_product(R: torch.Tensor, rows: torch.Tensor, V: torch.Tensor) -> torch.
     k, T = V.shape
     if T > SPARSE_PRODUCT_COLUMNS:
         out = torch.zeros(T, R.shape[1], dtype=torch.result_type(R, V), device=R.device)
-        step = min(k, max(1, PRODUCT_CHUNK_ELEMENTS // R.shape[1]))
+        step = max(1, min(k, PRODUCT_CHUNK_ELEMENTS // R.shape[1]))
         chunk = prefault_(torch.empty(step, R.shape[1], dtype=R.dtype, device=R.device))
         Vt = V.mT
         for s in range(0, k, step):

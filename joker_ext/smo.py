@@ -548,7 +548,6 @@ def smo_phase(cache, diag: torch.Tensor, column, a: torch.Tensor, *, tol: float,
     return taken
 
 
-
 def _concurrent(cache) -> bool:
     """Whether phases may run at once on the cache: its kernel's rows can be formed in the loop, on inputs of at most
     ``CONCURRENT_MAX_DIM`` dimensions."""
@@ -568,8 +567,8 @@ def smo_columns(cache, diag: torch.Tensor, columns: Sequence, alpha: torch.Tenso
     forming too: the compiled former writes a row whole and the same numbers whoever forms it, so each phase reads
     the numbers it would read alone with every row formed in the loop, and the columns end where they end one after
     another (exactly so on inputs of at most ``FORM_MAX_DIM`` dimensions, whose rows the loop forms in either case).
-    The flags are merged as each phase ends. The rows of a warm start's nonzero coordinates (of every column) are formed first, through the
-    cache, whose bits the compiled former need not reproduce."""
+    The flags are merged as each phase ends. The rows of a warm start's nonzero coordinates (of every column) are
+    formed first, through the cache, whose bits the compiled former need not reproduce."""
     T = alpha.shape[1]
     workers = max(1, min(int(workers), T))
     nonzero = torch.nonzero(alpha.ne(0).any(dim=1)).reshape(-1)

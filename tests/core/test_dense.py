@@ -237,6 +237,8 @@ def test_rows_product_is_the_chosen_rows_transposed_times_v(monkeypatch):
     for T in (1, 2, 3, 6):
         V = torch.randn(5, T, generator=g, dtype=torch.float64)
         torch.testing.assert_close(rows_product(R, rows, V), R[rows].T @ V, rtol=1e-14, atol=1e-14)
+        none = rows_product(R, rows[:0], V[:0])  # no rows chosen: zeros
+        assert none.shape == (12, T) and not bool(none.any())
 
 
 @pytest.mark.parametrize("compiled", [True, False])
