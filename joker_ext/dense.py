@@ -36,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from functools import lru_cache
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -102,9 +102,6 @@ def scipy_blas_on_one_thread():
 
 #: Entries of ``K`` gathered at a time by :func:`submatrix` without numba (bounds its temporary rows).
 GATHER_ELEMENTS = 2**21
-def _rows_per_chunk(width: int) -> int:
-    """Rows of ``width`` entries gathered at a time: :data:`GATHER_ELEMENTS` entries at most (one row at least)."""
-    return max(1, GATHER_ELEMENTS // max(1, width))
 
 
 #: Fresh CPU outputs of at least this many entries are touched by :func:`prefault_` before a compiled loop fills them.
@@ -149,7 +146,7 @@ def submatrix(K: torch.Tensor, rows: torch.Tensor, cols: Optional[torch.Tensor] 
             prefault_(out)
         _gather_compiled(K.contiguous().numpy(), rows.contiguous().numpy(), cols.contiguous().numpy(), out.numpy())
         return out
-    step = _rows_per_chunk(K.shape[1])
+    step = max(1, GATHER_ELEMENTS // max(1, K.shape[1]))
     for s in range(0, rows.numel(), step):
         torch.index_select(K.index_select(0, rows[s:s + step]), 1, cols, out=out[s:s + step])
     return out

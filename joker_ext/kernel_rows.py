@@ -33,7 +33,7 @@ try:  # optional: without numba the SMO phase, the only caller, is skipped
 except ImportError:  # pragma: no cover - numba is a dependency
     numba = None
 
-__all__ = ["RowFormer", "row_former", "no_row_former", "form_row", "exp_nonpositive"]
+__all__ = ["RowFormer", "forms_rows", "row_former", "no_row_former", "form_row", "exp_nonpositive"]
 
 # family codes of the compiled profile
 GAUSSIAN, LAPLACIAN, LAPLACIAN_L1, MATERN_15, MATERN_25, NONE = 0, 1, 2, 3, 4, -1
@@ -67,11 +67,17 @@ def no_row_former() -> RowFormer:
     return RowFormer(np.zeros((0, 0)), NONE, 1.0, np.zeros((4, 0)), np.zeros(1, dtype=np.int64))
 
 
+def forms_rows(kernel) -> bool:
+    """Whether the compiled loop can form ``kernel``'s rows (a :class:`joker_ext.kernels.StationaryKernel`, numba at
+    hand)."""
+    return numba is not None and type(kernel) is StationaryKernel
+
+
 def row_former(kernel, X: torch.Tensor, max_rows: Optional[int] = None) -> Optional[RowFormer]:
     """The :class:`RowFormer` of ``kernel`` on the rows ``X`` (float64, CPU), or None when its rows cannot be
     formed in the loop (kernels other than :class:`joker_ext.kernels.StationaryKernel`). ``max_rows``: the most
     rows it forms (default: no limit)."""
-    if numba is None or type(kernel) is not StationaryKernel:
+    if not forms_rows(kernel):
         return None
     if kernel.family == "gaussian":
         family = GAUSSIAN

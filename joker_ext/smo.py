@@ -66,7 +66,7 @@ try:  # optional: the phase is skipped without it
 except ImportError:  # pragma: no cover - numba is a dependency; this keeps the engine usable without it
     numba = None
 
-from .kernel_rows import NONE as NO_FORMER, RowFormer, form_row, no_row_former, row_former
+from .kernel_rows import NONE as NO_FORMER, RowFormer, form_row, forms_rows, no_row_former, row_former
 
 __all__ = ["smo_available", "smo_phase", "smo_columns"]
 
@@ -551,7 +551,7 @@ def smo_phase(cache, diag: torch.Tensor, column, a: torch.Tensor, *, tol: float,
 def _concurrent(cache) -> bool:
     """Whether phases may run at once on the cache: its kernel's rows can be formed in the loop, on inputs of at most
     ``CONCURRENT_MAX_DIM`` dimensions."""
-    return cache.X.shape[1] <= CONCURRENT_MAX_DIM and row_former(cache.operator.kernel, cache.X[:1]) is not None
+    return cache.X.shape[1] <= CONCURRENT_MAX_DIM and forms_rows(cache.operator.kernel)
 
 
 def smo_columns(cache, diag: torch.Tensor, columns: Sequence, alpha: torch.Tensor, *, tols: Sequence[float],
@@ -574,12 +574,16 @@ def smo_columns(cache, diag: torch.Tensor, columns: Sequence, alpha: torch.Tenso
     nonzero = torch.nonzero(alpha.ne(0).any(dim=1)).reshape(-1)
     if nonzero.numel():  # (on one thread or several, the same rows come from the same former)
         cache(nonzero)
+
+    def phase(t: int, **rows) -> torch.Tensor:  # column t's phase, from its start (``rows``: have, every_row)
+        a = alpha[:, t].clone()
+        smo_phase(cache, diag, columns[t], a, tol=tols[t], deadline=deadline, max_steps=max_steps, settled=settled,
+                  **rows)
+        return a
+
     if workers == 1 or not _concurrent(cache):
         for t in range(T):
-            a = alpha[:, t].contiguous()
-            smo_phase(cache, diag, columns[t], a, tol=tols[t], deadline=deadline, interrupted=interrupted,
-                      max_steps=max_steps, settled=settled)
-            alpha[:, t] = a
+            alpha[:, t] = phase(t, interrupted=interrupted)
         return
     lock = threading.Lock()
     shared = cache.have.numpy()
@@ -587,16 +591,13 @@ def smo_columns(cache, diag: torch.Tensor, columns: Sequence, alpha: torch.Tenso
     failed = threading.Event()  # a phase raised: the others stop at their next chunk of steps
 
     def run(t: int) -> torch.Tensor:
+        if failed.is_set():
+            return alpha[:, t].clone()
         with lock:
             have = shared.copy()
-        a = alpha[:, t].clone()
-        if failed.is_set():
-            return a
         try:
             with torch.inference_mode(inference):
-                smo_phase(cache, diag, columns[t], a, tol=tols[t], deadline=deadline,
-                          interrupted=lambda: failed.is_set() or interrupted(), max_steps=max_steps,
-                          settled=settled, have=have, every_row=True)
+                a = phase(t, interrupted=lambda: failed.is_set() or interrupted(), have=have, every_row=True)
         except BaseException:
             failed.set()
             raise

@@ -564,16 +564,16 @@ class _KernelRows:
         return out
 
 
-def _decompose(src: _KernelRows, diagK, loss: Loss, Y, c_col, alpha, F, intercept: bool, q: int, mon: Monitor,
+def _decompose(src: _KernelRows, columns, loss: Loss, Y, c_col, alpha, F, intercept: bool, q: int, mon: Monitor,
                opts: SolverOptions, it: int, state: dict, interrupted=lambda: False, level=None,
                free_found: bool = False):
     """The outer loop of the decomposition from ``(alpha, F = K alpha)``, in place (``Y`` less ``level``:
-    :func:`~joker_ext.engines.target_level`); returns ``(reason, it, rec)``. ``free_found``: the start's free sets
+    :func:`~joker_ext.engines.target_level`; ``columns``: each target column's :class:`_Column`, without ``K``);
+    returns ``(reason, it, rec)``. ``free_found``: the start's free sets
     are the solution's (the SMO phase found them), so each column's cap on its working set starts large enough to
     hold its free set whole, and its first subproblem tries the exact steps first (:func:`_subproblem`'s ``near``)."""
     T = Y.shape[1]
     dtype, device = Y.dtype, Y.device
-    columns = [_Column(None, diagK, loss.column(t), Y[:, t], c_col, intercept) for t in range(T)]
     scale = columns[0].scale
     sigma = [SIGMA_START * scale] * T
     floor = [SIGMA_FLOOR * scale] * T
@@ -677,14 +677,12 @@ def _smo_applies(cache: _ColumnCache, dtype) -> bool:
     return USE_SMO and smo_available() and cache.full and cache.buffer.device.type == "cpu" and dtype == torch.float64
 
 
-def _smo_start(cache: _ColumnCache, diagK, loss: Loss, Y, c_col, alpha, intercept: bool, opts: SolverOptions,
-               mon: Monitor, interrupted) -> None:
+def _smo_start(cache: _ColumnCache, diagK, columns, alpha, opts: SolverOptions, mon: Monitor, interrupted) -> None:
     """Each column of ``alpha`` moved, in place, by :func:`~joker_ext.smo.smo_phase` to a maximal violation of
     ``SMO_TOL`` times its targets' scale, until its sets settle (``SMO_SETTLED``), or for ``SMO_STEPS n`` steps at most
     (within the time budget); several columns (one-vs-rest, several targets) at once on torch's threads
     (:func:`~joker_ext.smo.smo_columns`)."""
     deadline = math.inf if opts.max_time is None else mon.t0 + opts.max_time
-    columns = [_Column(None, diagK, loss.column(t), Y[:, t], c_col, intercept) for t in range(Y.shape[1])]
     tols = [SMO_TOL * max(float(col.lin.abs().max()), float(col.kink), 1e-300) for col in columns]
     smo_columns(cache, diagK, columns, alpha, tols=tols, deadline=deadline, interrupted=interrupted,
                 max_steps=int(SMO_STEPS * alpha.shape[0]), settled=SMO_SETTLED, workers=torch.get_num_threads())
@@ -748,11 +746,12 @@ def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options:
             cache = _ColumnCache(operator, cache_columns, dtype, device)
             src = _KernelRows(cache)
             diagK = operator.kernel.diag(cache.X)
+            columns = [_Column(None, diagK, loss.column(t), Y[:, t], c_col, intercept) for t in range(T)]
             smo = start_iter == 0 and _smo_applies(cache, dtype)  # a resumed fit goes on with the decomposition
             if smo:
-                _smo_start(cache, diagK, loss, Y, c_col, alpha, intercept, opts, mon, lambda: sig.flag)
+                _smo_start(cache, diagK, columns, alpha, opts, mon, lambda: sig.flag)
             F = src.matmul(alpha)
-            reason, it, rec = _decompose(src, diagK, loss, Y, c_col, alpha, F, intercept, q, mon, opts, it, state,
+            reason, it, rec = _decompose(src, columns, loss, Y, c_col, alpha, F, intercept, q, mon, opts, it, state,
                                          lambda: sig.flag, level, free_found=smo and SMO_FREE_FOUND)
             status = reason or "max_iter"
         except (RuntimeError, MemoryError) as exc:
