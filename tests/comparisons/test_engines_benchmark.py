@@ -62,3 +62,17 @@ def test_multiclass_rows_give_every_class_certified_against_svc(capsys):
     gap = float(re.search(r"rel gap (\S+)", rows[0]).group(1))
     ours, svc = (float(v) for v in re.findall(r"accuracy (\S+)", rows[0]))
     assert gap <= 1e-8 and ours >= svc - 0.01
+
+
+def test_real_rows_without_intercept_are_certified_and_no_better_than_with_it(capsys):
+    """``--no-intercept``: the KEEL set's hinge fit at the default ``fit_intercept=False`` next to the row with the
+    intercept; certified, and its primal objective no lower than that with the intercept (the model without it is the
+    one with it restricted to ``b = 0``)."""
+    engines.main(["--exact-n", "--falkon-n", "--real", "banana", "--real-n", "400", "--real-grid", "10:1",
+                  "--no-intercept"])
+    out = capsys.readouterr().out.splitlines()
+    with_b = next(line for line in out if line.strip().startswith("hinge + intercept"))
+    without = next(line for line in out if line.strip().startswith("hinge, no intercept"))
+    primal = [float(re.search(r"primal (\S+)", line).group(1)) for line in (with_b, without)]
+    assert float(re.search(r"rel gap (\S+)", without).group(1)) <= 1e-8
+    assert primal[1] >= primal[0] * (1 - 1e-9)
