@@ -23,8 +23,10 @@ Without an intercept, a step moves the one coordinate whose exact step gains mos
 Q_ii`` down), or the pair above when its step gains more: one-coordinate steps alone zigzag along the kernel's top
 eigenvector (nearly constant for a smooth kernel), which the pairs' directions ``e_i - e_j`` leave alone (hinge without
 an intercept, n = 1,000-4,000, 29 problems: 0.64x the fit's time, geometric mean; at C = 100, 0.11-0.34x where the
-one-coordinate steps left a free set four times the solution's after ``5 n`` steps). A step costs ``O(n)`` (the choice and the update) plus the kernel rows it needs, read from the
-working-set engine's cache of ``K`` (formed lazily, all ``n`` rows kept). A row not yet formed is formed by the
+one-coordinate steps left a free set four times the solution's after ``5 n`` steps).
+
+A step costs ``O(n)`` (the choice and the update) plus the kernel rows it needs, read from the working-set engine's
+cache of ``K`` (formed lazily, all ``n`` rows kept). A row not yet formed is formed by the
 compiled loop itself for the stationary kernels (:mod:`joker_ext.kernel_rows`: ``O(n d)``, only the rows the steps
 read), on inputs of more than ``FORM_MAX_DIM`` dimensions only until ``FORM_SHARE n`` rows are held, and on
 more than ``FORM_SHARE_MAX_DIM`` until a share falling as ``1 / d`` is. Otherwise it stops the loop, and the driver

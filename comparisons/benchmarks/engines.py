@@ -549,7 +549,8 @@ def _run(args) -> None:
         for C, gamma, d, seed in grid:
             exact_rows(n, seed=seed, C=C, gamma=gamma, n_features=d, device=args.device, reference_only=True)
     for name in args.real:
-        real_rows(name, args.real_n, real_points, device=args.device, without_intercept=args.no_intercept)
+        real_rows(name, args.real_n, real_points, device=args.device,
+                  without_intercept=args.no_intercept)
     for name in args.multiclass:
         multiclass_rows(name, args.real_n, real_points, device=args.device)
     for n in args.generator_n:
