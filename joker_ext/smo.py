@@ -257,6 +257,14 @@ def _best_partner(g, down_off, diag, h, Ri, qi, dp_i, tau, act, n_act):  # pragm
 
 
 @_njit
+def _partner(g, down_off, diag, h, Ri, qi, dp_i, tau, act, n_act):  # pragma: no cover - compiled
+    """:func:`_best_partner` over ``act[:n_act]``, read in order when nothing is shrunk (see :func:`_pair_steps`)."""
+    if n_act == act.shape[0]:
+        return _best_partner(g, down_off, diag, h, Ri, qi, dp_i, tau, None, n_act)
+    return _best_partner(g, down_off, diag, h, Ri, qi, dp_i, tau, act, n_act)
+
+
+@_njit
 def _worst_single_and_cheapest_up(g, up_off, down_off, diag, h, tau, act, n_act):  # pragma: no cover - compiled
     """Over ``act[:n_act]`` (or the first ``n_act``), in one scan: the coordinate ``s`` whose one-coordinate step gains
     most at second order (-1 when none violates its condition), the largest violation, and :func:`_cheapest_up`'s
@@ -345,10 +353,7 @@ def _pair_steps(R, have, rows, diag, h, kink, lo, hi, a, g, tol, tau, max_steps,
             return step, _NEEDS_ROW, i, n_act, countdown
         Ri = R[i]
         qi = diag[i] + h[i]
-        if n_act == n:
-            j = _best_partner(g, down_off, diag, h, Ri, qi, dp_i, tau, None, n)
-        else:
-            j = _best_partner(g, down_off, diag, h, Ri, qi, dp_i, tau, act, n_act)
+        j = _partner(g, down_off, diag, h, Ri, qi, dp_i, tau, act, n_act)
         if j < 0:
             return step, _CONVERGED, -1, n_act, countdown
         if not _row_at_hand(R, have, rows, j):
@@ -396,10 +401,7 @@ def _single_steps(R, have, rows, diag, h, kink, lo, hi, a, g, tol, tau, max_step
                 return step, _NEEDS_ROW, i, n_act, countdown
             Ri = R[i]
             qi = diag[i] + h[i]
-            if n_act == n:
-                j = _best_partner(g, down_off, diag, h, Ri, qi, dp_i, tau, None, n)
-            else:
-                j = _best_partner(g, down_off, diag, h, Ri, qi, dp_i, tau, act, n_act)
+            j = _partner(g, down_off, diag, h, Ri, qi, dp_i, tau, act, n_act)
             if j >= 0:
                 curvature = qi + diag[j] + h[j] - 2.0 * Ri[j]
                 diff = g[j] + down_off[j] - dp_i
