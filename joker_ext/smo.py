@@ -368,8 +368,8 @@ def _pair_steps(R, have, rows, diag, h, kink, lo, hi, a, g, tol, tau, max_steps,
 
 
 @_njit
-def _single_steps(R, have, rows, diag, h, kink, lo, hi, a, g, tol, tau, max_steps, act, n_act,
-                  countdown):  # pragma: no cover - compiled
+def _free_sum_steps(R, have, rows, diag, h, kink, lo, hi, a, g, tol, tau, max_steps, act, n_act,
+                    countdown):  # pragma: no cover - compiled
     """Steps without an intercept, as :func:`_pair_steps` (the same returns, shrinking and stop at ``tol``): each step
     the better, at second order, of the best one-coordinate step and the best pair step. The one-coordinate steps
     move ``sum a``; the pairs move along ``e_i - e_j``, which a one-coordinate step reaches only by zigzagging. A
@@ -558,7 +558,7 @@ def smo_phase(cache, diag: torch.Tensor, column, a: torch.Tensor, *, tol: float,
             g += a_np[block] @ R[block]
     else:
         g = -lin.copy()
-    steps_fn = _pair_steps if column.intercept else _single_steps
+    steps_fn = _pair_steps if column.intercept else _free_sum_steps
     rows = _row_former(cache, every_row)
     budget = 50 * n if max_steps is None else int(max_steps)
     taken = 0
