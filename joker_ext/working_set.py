@@ -683,15 +683,23 @@ def _smo_applies(cache: _ColumnCache, dtype) -> bool:
     return USE_SMO and smo_available() and cache.full and cache.buffer.device.type == "cpu" and dtype == torch.float64
 
 
-def _smo_start(cache: _ColumnCache, diagK, columns, alpha, opts: SolverOptions, mon: Monitor, interrupted) -> None:
+def _smo_start(src: _KernelRows, diagK, columns, alpha, opts: SolverOptions, mon: Monitor,
+               interrupted) -> torch.Tensor:
     """Each column of ``alpha`` moved, in place, by :func:`~joker_ext.smo.smo_phase` to a maximal violation of
     ``SMO_TOL`` times its targets' scale, until its sets settle (``SMO_SETTLED``), or for ``SMO_STEPS n`` steps at most
     (within the time budget); several columns (one-vs-rest, several targets) at once on torch's threads
-    (:func:`~joker_ext.smo.smo_columns`)."""
+    (:func:`~joker_ext.smo.smo_columns`). Returns ``K alpha``: read off the gradient of each phase short enough for
+    its rounding to stay at the product's, the other columns through the cached rows."""
     deadline = math.inf if opts.max_time is None else mon.t0 + opts.max_time
     tols = [SMO_TOL * max(float(col.lin.abs().max()), float(col.kink), 1e-300) for col in columns]
-    smo_columns(cache, diagK, columns, alpha, tols=tols, deadline=deadline, interrupted=interrupted,
-                max_steps=int(SMO_STEPS * alpha.shape[0]), settled=SMO_SETTLED, workers=torch.get_num_threads())
+    F = torch.empty_like(alpha)
+    formed = smo_columns(src.cache, diagK, columns, alpha, tols=tols, deadline=deadline, interrupted=interrupted,
+                         max_steps=int(SMO_STEPS * alpha.shape[0]), settled=SMO_SETTLED,
+                         workers=torch.get_num_threads(), products=F)
+    rest = [t for t, done in enumerate(formed) if not done]
+    if rest:
+        F[:, rest] = src.matmul(alpha[:, rest])
+    return F
 
 
 def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options: Optional[SolverOptions] = None,
@@ -754,9 +762,7 @@ def working_set(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options:
             diagK = operator.kernel.diag(cache.X)
             columns = [_Column(None, diagK, loss.column(t), Y[:, t], c_col, intercept) for t in range(T)]
             smo = start_iter == 0 and _smo_applies(cache, dtype)  # a resumed fit goes on with the decomposition
-            if smo:
-                _smo_start(cache, diagK, columns, alpha, opts, mon, lambda: sig.flag)
-            F = src.matmul(alpha)
+            F = _smo_start(src, diagK, columns, alpha, opts, mon, lambda: sig.flag) if smo else src.matmul(alpha)
             reason, it, rec = _decompose(src, columns, loss, Y, c_col, alpha, F, intercept, q, mon, opts, it, state,
                                          lambda: sig.flag, level, free_found=smo and SMO_FREE_FOUND)
             status = reason or "max_iter"

@@ -166,6 +166,31 @@ def test_smo_phase_keeps_its_budget():
     assert smo_phase(cache, diag, col, a, tol=1e-10, deadline=float("inf"), max_steps=7) == 7
 
 
+@pytest.mark.parametrize("intercept", [True, False])
+@pytest.mark.parametrize("name", ["hinge", "epsilon_insensitive", "squared_hinge"])
+def test_phases_hand_over_k_alpha_from_their_gradients_only_while_its_rounding_stays_at_a_products(
+        monkeypatch, name, intercept):
+    """The ``K a`` a phase reads off its gradient (``g + lin - h a``) is the product with the kernel matrix formed
+    apart to a few units of float64's rounding; ``smo_columns`` reports it for the phases of at most
+    ``PRODUCT_FROM_GRADIENT_STEPS n`` steps and leaves the longer ones to the caller's product."""
+    cache, diag, col, K = _box_qp(name, intercept)
+    n = K.shape[0]
+    alpha = torch.zeros(n, 2, dtype=F64)
+    products = torch.full((n, 2), float("nan"), dtype=F64)
+    with torch.inference_mode():
+        formed = smo.smo_columns(cache, diag, [col, col], alpha, tols=[1e-3, 1e-3], deadline=float("inf"),
+                                 max_steps=n, products=products)
+    assert formed == [True, True]
+    expected = K @ alpha.numpy()
+    assert np.abs(products.numpy() - expected).max() <= 1e-13 * np.abs(expected).max()
+    # a limit below the steps taken: not reported (the caller forms K a from the rows)
+    monkeypatch.setattr(smo, "PRODUCT_FROM_GRADIENT_STEPS", 1.0 / n)
+    with torch.inference_mode():
+        formed = smo.smo_columns(cache, diag, [col], torch.zeros(n, 1, dtype=F64), tols=[1e-3],
+                                 deadline=float("inf"), max_steps=n, products=torch.empty(n, 1, dtype=F64))
+    assert formed == [False]
+
+
 @pytest.mark.parametrize("name", ["hinge", "pinball"])
 def test_working_set_reaches_the_same_certified_optimum_with_and_without_the_smo_phase(monkeypatch, name):
     """The decomposition alone (as on a GPU, or without numba) and after the SMO phase (which a default fit on the CPU
