@@ -156,6 +156,37 @@ def test_blocks_of_guessed_rows_stay_within_twice_the_rows_the_steps_use(monkeyp
     assert int(cache.have.sum()) <= 2 * support
 
 
+@pytest.mark.parametrize("shrunk", [False, True])
+def test_partner_scan_picks_the_first_coordinate_of_largest_second_order_gain(shrunk):
+    """The partner of ``i`` (vectorized scan over all coordinates, or the loop over a shrunk set) is the first
+    coordinate of largest ``(g_k + down_off_k - dp_i)^2 / max(curvature_k, tau)``, computed here with numpy; blocked
+    coordinates (``down_off = -inf``) and duplicates of ``i`` (zero curvature, zero gain) are never chosen."""
+    rng = np.random.default_rng(3)
+    n = 1003  # (not a multiple of the scan's eight running maxima)
+    for trial in range(50):
+        g = rng.standard_normal(n)
+        down_off = np.where(rng.random(n) < 0.3, -np.inf, rng.choice([-0.1, 0.1], n))
+        diag, h = np.full(n, 1.3), np.full(n, 0.2 * (trial % 2))
+        Ri = rng.random(n)
+        Ri[rng.integers(n)] = diag[0]  # a duplicate of i: zero curvature
+        if trial % 5 == 0:  # ties: the first of equals
+            g[n // 2:] = g[: n - n // 2]
+            Ri[n // 2:] = Ri[: n - n // 2]
+            down_off[n // 2:] = down_off[: n - n // 2]
+        qi, dp_i, tau = diag[0] + h[0], float(rng.standard_normal()), 1e-12 * 1.3
+        act = np.arange(n, dtype=np.int64)
+        n_act = n
+        if shrunk:
+            act = np.sort(rng.permutation(n)[: n // 3]).astype(np.int64)
+            act = np.concatenate([act, np.zeros(n - act.size, dtype=np.int64)])
+            n_act = n // 3
+        idx = act[:n_act]
+        diff = np.maximum(g[idx] + down_off[idx] - dp_i, 0.0)
+        gain = diff ** 2 / np.maximum(qi + diag[idx] + h[idx] - 2.0 * Ri[idx], tau)
+        expected = int(idx[np.argmax(gain)]) if gain.max() > 0 else -1
+        assert smo._partner(g, down_off, diag, h, Ri, qi, dp_i, tau, act, n_act, np.empty(n)) == expected
+
+
 def test_smo_phase_keeps_its_budget():
     """A passed deadline or an interrupt takes no step; ``max_steps`` bounds the steps."""
     cache, diag, col, K = _box_qp("hinge", True)
