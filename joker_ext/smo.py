@@ -665,10 +665,11 @@ def smo_columns(cache, diag: torch.Tensor, columns: Sequence, alpha: torch.Tenso
                 deadline: float, interrupted=lambda: False, max_steps: Optional[int] = None, settled: float = 0.0,
                 workers: int = 1, products: Optional[torch.Tensor] = None) -> List[bool]:
     """:func:`smo_phase` on each column of ``alpha`` (n x T, in place), ``columns[t]`` and ``tols[t]`` its data and
-    tolerance; returns, per column, whether ``products`` (n x T, optional) holds its ``K a``: from the phase's
-    gradient (:func:`smo_phase`'s ``product``) after at most ``PRODUCT_FROM_GRADIENT_STEPS n`` steps; up to ``workers`` columns at once, on threads (the compiled loop releases the GIL), where the loop can
+    tolerance; up to ``workers`` columns at once, on threads (the compiled loop releases the GIL), where the loop can
     form the kernel's rows, on inputs of at most ``CONCURRENT_MAX_DIM`` dimensions: each phase then forms every row
-    it reads itself (the one-vs-rest columns of a multiclass fit share the kernel's rows).
+    it reads itself (the one-vs-rest columns of a multiclass fit share the kernel's rows). Returns, per column,
+    whether ``products`` (n x T, optional) holds its ``K a``, read off its phase's gradient (:func:`smo_phase`'s
+    ``product``) after at most ``PRODUCT_FROM_GRADIENT_STEPS n`` steps.
 
     The phases share the cache's buffer but not its flags: each starts from a copy of the flags (the rows of the
     phases done by then, under a lock) and forms the rows it lacks, perhaps a row another running phase formed or is
