@@ -159,8 +159,9 @@ def test_blocks_of_guessed_rows_stay_within_twice_the_rows_the_steps_use(monkeyp
 @pytest.mark.parametrize("shrunk", [False, True])
 def test_partner_scan_picks_the_first_coordinate_of_largest_second_order_gain(shrunk):
     """The partner of ``i`` (vectorized scan over all coordinates, or the loop over a shrunk set) is the first
-    coordinate of largest ``(g_k + down_off_k - dp_i)^2 / max(curvature_k, tau)``, computed here with numpy; blocked
-    coordinates (``down_off = -inf``) and duplicates of ``i`` (zero curvature, zero gain) are never chosen."""
+    coordinate of largest ``(g_k + down_off_k - dp_i)^2 / max(curvature_k, tau)``, computed here with numpy, with
+    blocked coordinates (``down_off = -inf``: no gain), a copy of ``i``'s point (curvature ``2 h``, zero without
+    ``h``: the floor ``tau``) and exact ties among the candidates."""
     rng = np.random.default_rng(3)
     n = 1003  # (not a multiple of the scan's eight running maxima)
     for trial in range(50):
@@ -168,7 +169,7 @@ def test_partner_scan_picks_the_first_coordinate_of_largest_second_order_gain(sh
         down_off = np.where(rng.random(n) < 0.3, -np.inf, rng.choice([-0.1, 0.1], n))
         diag, h = np.full(n, 1.3), np.full(n, 0.2 * (trial % 2))
         Ri = rng.random(n)
-        Ri[rng.integers(n)] = diag[0]  # a duplicate of i: zero curvature
+        Ri[rng.integers(n)] = diag[0]  # a copy of i's point: K_ij = K_ii
         if trial % 5 == 0:  # ties: the first of equals
             g[n // 2:] = g[: n - n // 2]
             Ri[n // 2:] = Ri[: n - n // 2]
