@@ -755,6 +755,41 @@ def test_working_set_with_most_support_vectors_free_reaches_libsvm(monkeypatch, 
     assert primal(a, f) <= primal(a_ref, f_ref) * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("name", ["hinge", "epsilon_insensitive", "pinball", "absolute"])
+def test_intercept_bounds_are_the_intervals_of_the_optimality_conditions(name):
+    """Each coordinate's interval of intercepts ``b`` with ``0 in g_i + b + k d|a_i| + N_[lo_i, hi_i](a_i)``, against
+    that set worked out per coordinate from the definitions (``d|a| = {sign a}`` off zero, ``[-1, 1]`` at it; the
+    normal cone ``{0}`` inside the box, ``[0, inf)`` at ``hi``, ``(-inf, 0]`` at ``lo``), to the last bit: coordinates
+    at either bound, at the kink, free on either side. (The kink's sign at a bound was once a float32 1, and
+    ``0.1 * float32(1)`` is 0.1 only to 1.5e-9.)"""
+    from joker_ext.active_set import _Column
+
+    n = 400
+    rng = np.random.default_rng(1)
+    loss = get_loss(name, **PARAMS)
+    y = torch.as_tensor(np.where(rng.random(n) < 0.5, 1.0, -1.0) * (1.0 if loss.margin else rng.random(n) * 3))
+    c = torch.as_tensor(rng.uniform(0.5, 2.0, n))
+    col = _Column(None, torch.ones(n, dtype=F64), loss, y, c, True)
+    lo, hi = col.lo.numpy(), col.hi.numpy()
+    pick = rng.integers(0, 5, n)  # at lo, at hi, at zero, free below zero, free above zero (where the box allows)
+    inside = np.where(pick == 3, np.maximum(lo, -1.0) * 0.5, np.minimum(hi, 1.0) * 0.5)
+    a = np.where(pick == 0, lo, np.where(pick == 1, hi, np.where(pick == 2, 0.0, inside)))
+    a = np.where(np.isfinite(a), a, 0.0)
+    g = rng.standard_normal(n)
+    lower, upper = col.intercept_bounds(torch.as_tensor(a), torch.as_tensor(g))
+    k = float(loss.kink)
+    for i in range(n):
+        s_lo, s_hi = (-1.0, 1.0) if a[i] == 0 and k else (float(np.sign(a[i])),) * 2
+        n_lo = -math.inf if a[i] <= lo[i] else 0.0
+        n_hi = math.inf if a[i] >= hi[i] else 0.0
+        # b = -g - k s - m over s in [s_lo, s_hi], m in [n_lo, n_hi]
+        want = (-g[i] - k * s_hi - n_hi, -g[i] - k * s_lo - n_lo)
+        assert (float(lower[i]), float(upper[i])) == want, (i, a[i], lo[i], hi[i])
+    inside = (a > lo) & (a < hi)
+    cases = [a <= lo, a >= hi, inside & (a < 0), inside & (a > 0)] + ([inside & (a == 0)] if k else [])
+    assert all(case.sum() >= 20 for case in cases)  # every case checked
+
+
 @pytest.mark.parametrize("n_free", [200, 60])
 def test_working_set_of_a_mostly_free_problem_adds_the_worst_violators_that_are_not_free(n_free):
     """With at least 40% of the coordinates free, the working set is the free set and the worst violators among
