@@ -381,8 +381,7 @@ def _best_intercept(bounds, b_sub: float) -> float:
     middle of ``[max l, min u]`` when it is not empty, else the subproblem's multiplier clipped into the
     spread of the bounds."""
     lower, upper = bounds
-    lo = float(lower.max()) if torch.isfinite(lower).any() else -math.inf
-    hi = float(upper.min()) if torch.isfinite(upper).any() else math.inf
+    lo, hi = float(lower.max()), float(upper.min())  # (-inf and inf where no bound is finite)
     if lo <= hi:
         if math.isinf(lo) and math.isinf(hi):
             return b_sub
