@@ -181,7 +181,6 @@ def resolve_solver(name: str, mode: str, n: int, itemsize: int, loss=None, max_m
     if name != "auto":
         get_solver(name, mode)
         return name
-    kinked = loss is not None and needs_smoothing_loss(loss)
     if mode == "exact":
         if loss is not None and _linear_conjugate(loss):
             return "working_set"  # never forms K: any n
@@ -190,7 +189,7 @@ def resolve_solver(name: str, mode: str, n: int, itemsize: int, loss=None, max_m
             return "dbcd_tr"
         if loss is None or getattr(loss, "quadratic", False):
             return "active_set"
-        return "dbcd_tr" if kinked else "newton"
+        return "dbcd_tr" if needs_smoothing_loss(loss) else "newton"
     return "newton"
 
 
