@@ -146,11 +146,14 @@ STABLE_FREE = 0.05
 #: d = 8, 0.88x, d = 32, 0.98x, d = 32 at n = 10,000, 0.85x; on make_sparse_uncorrelated (C = 10, 38% free: now below
 #: the share) 0.91x; hinge at d = 32 1.04-1.12x (n = 4000, C = 10; noise on this machine is 10-25%) and 1.04x (n =
 #: 10,000). A quarter of the free ones instead of a tenth: sparse_uncorrelated 1.9x (its quick steps failed, the
-#: interior point solved the subproblem). Below 40% free the choice is the plain one: where the quick steps fail, the
-#: interior point pays for every coordinate added (spambase at 4x 'scale', 28% free: 1.6x the time with the rule from a
-#: quarter on; mushroom at 'scale', 27% free, gained 0.85x from it); at 9-16% free (spambase at 'scale', flights)
-#: spambase took 1.5x its time with these violators.
-MOSTLY_FREE_SHARE = 0.4
+#: interior point solved the subproblem). Below the share the choice is the plain one: where the quick steps fail, the
+#: interior point pays for every coordinate added (at 9-16% free, spambase at 'scale' and flights, spambase took 1.5x
+#: its time with these violators). The share was 40% until the quick steps solved spambase at 4x 'scale' (28% free),
+#: which took 1.6x its time with the rule from a quarter on. A quarter against 40% (n = 4000 unless said, best of two
+#: alternating fits, 29 problems): mushroom at 'scale' (27% free) 0.89x at C = 1 (4 -> 2 outer iterations), 1.00x at
+#: C = 10 and 100 (5 -> 4); spambase at 4x 'scale' 0.92x and 0.99x (C = 1, 10), at C = 100 0.88x; the others (hinge,
+#: epsilon-insensitive, squared hinge; sparse_uncorrelated; magic and letter at n = 10,000) 0.89-1.07x, the noise.
+MOSTLY_FREE_SHARE = 0.25
 MOSTLY_FREE_VIOLATORS = 0.1
 #: Factor by which the smallest proximal weight a column's subproblems may take (raised by a cycle) falls per subproblem.
 FLOOR_DECAY = 3.0

@@ -792,9 +792,9 @@ def test_intercept_bounds_are_the_intervals_of_the_optimality_conditions(name):
 
 @pytest.mark.parametrize("n_free", [200, 60])
 def test_working_set_of_a_mostly_free_problem_adds_the_worst_violators_that_are_not_free(n_free):
-    """With at least 40% of the coordinates free, the working set is the free set and the worst violators among
+    """With at least a quarter of the coordinates free, the working set is the free set and the worst violators among
     the other coordinates (by their intercept bounds, half from each side), a tenth as many as the free ones but at
-    least q / 2 (here 16 + 16); below 40%, the worst violators of all coordinates, which may be free ones already in the
+    least q / 2 (here 16 + 16); below, the worst violators of all coordinates, which may be free ones already in the
     set. The references are numpy's orderings of the bounds."""
     from joker_ext.active_set import _Column
     import joker_ext.working_set as ws
