@@ -23,6 +23,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import r2_score
 from sklearn.metrics.pairwise import rbf_kernel
 from sklearn.model_selection import GridSearchCV, RandomizedSearchCV, StratifiedKFold, cross_val_score, train_test_split
+from sklearn.multiclass import OneVsOneClassifier
 from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.svm import SVC, SVR
@@ -299,6 +300,25 @@ def test_one_vs_rest_equals_separate_binary_fits():
         bk = JokerClassifier(loss="squared_hinge", C=2.0, sigma=1.5).fit(X, (y == k).astype(int))
         np.testing.assert_allclose(est.decision_function(X)[:, k], bk.decision_function(X), atol=1e-7)
 
+
+
+def test_one_vs_one_through_scikit_learn_is_svcs_multiclass_model():
+    """SVC's multiclass model is one-vs-one; scikit-learn's ``OneVsOneClassifier`` around a hinge classifier with
+    an intercept gives it: every pair's decision values are LIBSVM's (SVC's pair ``(i, j)`` is positive for class
+    ``i``, the wrapper's estimator for class ``j``), and so are the aggregated scores and the predictions."""
+    X, y = make_classification(n_samples=150, n_features=4, n_informative=3, n_redundant=0, n_classes=3,
+                               random_state=3)
+    X = StandardScaler().fit_transform(X)
+    Xnew = np.random.default_rng(4).normal(size=(60, 4))
+    sigma, C = 1.2, 3.0
+    svc = SVC(C=C, gamma=1.0 / (2 * sigma**2), tol=1e-10, decision_function_shape="ovo").fit(X, y)
+    ovo = OneVsOneClassifier(JokerClassifier(loss="hinge", C=C, sigma=sigma, fit_intercept=True)).fit(X, y)
+    pairs = np.column_stack([e.decision_function(Xnew) for e in ovo.estimators_])
+    reference = -svc.decision_function(Xnew)
+    np.testing.assert_allclose(pairs, reference, atol=1e-5 * np.abs(reference).max())
+    svc.set_params(decision_function_shape="ovr")
+    np.testing.assert_allclose(ovo.decision_function(Xnew), svc.decision_function(Xnew), atol=1e-5)
+    np.testing.assert_array_equal(ovo.predict(Xnew), svc.predict(Xnew))
 
 def test_predict_proba_native_and_calibrated(binary):
     X, y = binary
