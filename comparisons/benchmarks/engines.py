@@ -128,7 +128,11 @@ def multiclass_rows(name: str, n: int, points, device: str = "cpu") -> None:
     """Every class of the KEEL set ``name`` (loaded as in :func:`real_rows`) with the hinge loss and an intercept:
     joker_ext's one-vs-rest fit (one column per class) against SVC, which fits one-vs-one (one problem per pair of
     classes, on their points only). The models differ, so the rows give the fit times, their ratio and the training
-    accuracies, and joker_ext's relative gap (each class against the rest is certified)."""
+    accuracies, and joker_ext's relative gap (each class against the rest is certified). Then SVC's own model through
+    joker_ext: scikit-learn's ``OneVsOneClassifier`` around the same hinge classifier (a separate fit per pair), its
+    time and ratio to SVC's, its worst pair's relative gap, and the share of training points on which its
+    predictions are SVC's."""
+    from sklearn.multiclass import OneVsOneClassifier
     from sklearn.svm import SVC
 
     from joker_ext import JokerClassifier
@@ -140,13 +144,20 @@ def multiclass_rows(name: str, n: int, points, device: str = "cpu") -> None:
     X, y = np.asarray(ds.X_train, dtype=np.float64), np.asarray(ds.y_train)
     for C, gamma_scale in points:
         gamma = gamma_scale / (X.shape[1] * X.var())
-        est, t = _best_of(lambda: JokerClassifier(loss="hinge", C=C, gamma=gamma, fit_intercept=True,
-                                                  max_time=600, device=device).fit(X, y), REPEATS)
+        def joker():
+            return JokerClassifier(loss="hinge", C=C, gamma=gamma, fit_intercept=True, max_time=600, device=device)
+
+        est, t = _best_of(lambda: joker().fit(X, y), REPEATS)
+        ovo, t_ovo = _best_of(lambda: OneVsOneClassifier(joker()).fit(X, y), REPEATS)
         ref, t_ref = _best_of(lambda: SVC(C=C, gamma=gamma).fit(X, y), REPEATS)
+        worst = max(pair.relative_gap_ for pair in ovo.estimators_)
+        same = float(np.mean(ovo.predict(X) == ref.predict(X)))
         print(f"exact kernels, {name}, {len(np.unique(y))} classes, n = {X.shape[0]}, d = {X.shape[1]}, C = {C}, "
               f"gamma = {gamma:.4g} ({gamma_scale} x 'scale'): joker one-vs-rest {t:6.3f} s rel gap "
               f"{est.relative_gap_:.1e} accuracy {est.score(X, y):.4f} | SVC one-vs-one {t_ref:6.3f} s accuracy "
-              f"{ref.score(X, y):.4f} | time ratio {t / t_ref:5.2f}", flush=True)
+              f"{ref.score(X, y):.4f} | time ratio {t / t_ref:5.2f} | joker one-vs-one (OneVsOneClassifier) "
+              f"{t_ovo:6.3f} s worst pair's rel gap {worst:.1e} predictions as SVC's on {same:.4f} | one-vs-one "
+              f"time ratio {t_ovo / t_ref:5.2f}", flush=True)
 
 
 def generator_rows(n: int, device: str = "cpu") -> None:
