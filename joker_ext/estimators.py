@@ -810,8 +810,8 @@ JokerClassifier.__doc__ = """Kernel classifier (hinge, squared hinge, logistic o
     scikit-learn's SVC fits one-vs-one instead (a problem per pair of classes, on their points only), a different
     model: ``sklearn.multiclass.OneVsOneClassifier(JokerClassifier(loss='hinge', fit_intercept=True, ...))`` is
     SVC's (every pair's decision values are LIBSVM's). Its pairs are separate fits, each with a fit's fixed costs
-    (about 5 ms): with 3-5 classes it took 0.75-1.05x SVC's time at n = 4,000, with 10-26 classes 2-10x (where
-    one-vs-rest takes 1.1-2.4x).
+    (about 5 ms): at n = 4,000 about SVC's time with 3-6 classes, several times it with 10-26 (the engines
+    benchmark's ``--multiclass`` rows compare both with SVC).
 """ + _COMMON_PARAMS_DOC.format(losses="{'hinge', 'squared_hinge', 'logistic', 'squared'}",
                                 default_loss="hinge") + """    class_weight : dict, 'balanced' or None
         Multiplies C per class (``'balanced'``: ``n / (n_classes * count)``), as scikit-learn's SVC.
