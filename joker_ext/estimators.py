@@ -810,7 +810,7 @@ JokerClassifier.__doc__ = """Kernel classifier (hinge, squared hinge, logistic o
     scikit-learn's SVC fits one-vs-one instead (a problem per pair of classes, on their points only), a different
     model: ``sklearn.multiclass.OneVsOneClassifier(JokerClassifier(loss='hinge', fit_intercept=True, ...))`` is
     SVC's (every pair's decision values are LIBSVM's). Its pairs are separate fits, each with a fit's fixed costs
-    (about 5 ms): at n = 4,000 about SVC's time with 3-6 classes, several times it with 10-26 (the engines
+    (about 5 ms): at n = 4,000 it took 0.75-1.35x SVC's time with 3-6 classes, 2-9x with 10-26 (the engines
     benchmark's ``--multiclass`` rows compare both with SVC).
 """ + _COMMON_PARAMS_DOC.format(losses="{'hinge', 'squared_hinge', 'logistic', 'squared'}",
                                 default_loss="hinge") + """    class_weight : dict, 'balanced' or None
