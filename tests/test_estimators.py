@@ -301,7 +301,6 @@ def test_one_vs_rest_equals_separate_binary_fits():
         np.testing.assert_allclose(est.decision_function(X)[:, k], bk.decision_function(X), atol=1e-7)
 
 
-
 def test_one_vs_one_through_scikit_learn_is_svcs_multiclass_model():
     """SVC's multiclass model is one-vs-one; scikit-learn's ``OneVsOneClassifier`` around a hinge classifier with
     an intercept gives it: every pair's decision values are LIBSVM's (SVC's pair ``(i, j)`` is positive for class
@@ -319,6 +318,7 @@ def test_one_vs_one_through_scikit_learn_is_svcs_multiclass_model():
     svc.set_params(decision_function_shape="ovr")
     np.testing.assert_allclose(ovo.decision_function(Xnew), svc.decision_function(Xnew), atol=1e-5)
     np.testing.assert_array_equal(ovo.predict(Xnew), svc.predict(Xnew))
+
 
 def test_predict_proba_native_and_calibrated(binary):
     X, y = binary
