@@ -18,6 +18,9 @@
 5. (``--generator-n``) The rows of 1. with a scikit-learn estimator on scikit-learn's generators at their own
    defaults (``make_classification``: d = 20; ``make_regression``: d = 100, raw and standardized targets;
    ``make_friedman1``), ``gamma='scale'``, not standardized.
+6. (``--multiclass``) KEEL sets with every class, hinge with the intercept: joker_ext's one-vs-rest fit and SVC's
+   one-vs-one model through ``OneVsOneClassifier(JokerClassifier(...))``, both against SVC (times, ratios,
+   relative gaps, training accuracy and agreement with SVC's predictions).
 """
 from __future__ import annotations
 
@@ -497,8 +500,9 @@ def main(argv=None) -> None:
                     help="real data sets for exact rows against scikit-learn: KEEL names (hinge against SVC) or "
                          "'flights' (squared and epsilon-insensitive against KernelRidge and SVR)")
     ap.add_argument("--multiclass", nargs="*", default=[], metavar="NAME",
-                    help="KEEL sets with every class: joker_ext's one-vs-rest hinge fit against SVC's one-vs-one "
-                         "(times and accuracies; --real-n rows, --real-grid points)")
+                    help="KEEL sets with every class: joker_ext's one-vs-rest hinge fit and SVC's one-vs-one model "
+                         "through OneVsOneClassifier, against SVC (times and accuracies; --real-n rows, --real-grid "
+                         "points)")
     ap.add_argument("--no-intercept", action="store_true",
                     help="on the --real KEEL sets, also the hinge fit at the estimators' default fit_intercept=False")
     ap.add_argument("--real-n", type=int, default=4000, help="training rows of the --real and --multiclass sets "
