@@ -146,6 +146,11 @@ SHRINK_FIRST = 200
 #: order when none is left out, through ``act`` otherwise (0.85x the time per coordinate in order). Without it the
 #: first shrinking made one-vs-rest on 3 / 5 classes 1.07x / 1.03x slower (5% more per step, the same steps).
 SHRINK_KEEP_MAX = 0.75
+#: A shrinking that leaves at most this share of the ``n`` coordinates (on problems of at least ``COMPACT_MIN_N``)
+#: hands the steps to a copy of the problem on those coordinates alone (:class:`_Compact`), whose kernel rows are
+#: ``m`` numbers long.
+COMPACT_SHARE = 0.5
+COMPACT_MIN_N = 1000
 #: A step direction whose curvature is below ``-NEGATIVE_CURVATURE`` times its diagonal terms proves the kernel
 #: matrix indefinite (``(e_i - e_j)^T K (e_i - e_j) < 0``; for a positive semidefinite kernel rounding leaves it at
 #: most a few units in the last place below zero).
@@ -154,7 +159,7 @@ NEGATIVE_CURVATURE = 1e-8
 TAU = 1e-12
 
 # status codes of the compiled loop
-_CONVERGED, _STEPS, _NEEDS_ROW, _INDEFINITE = 0, 1, 2, 3
+_CONVERGED, _STEPS, _NEEDS_ROW, _INDEFINITE, _SHRUNK = 0, 1, 2, 3, 4
 
 
 def smo_available() -> bool:
@@ -191,7 +196,7 @@ def _offsets(a, lo, hi, kink):  # pragma: no cover - compiled
 
 
 @_njit
-def _row_at_hand(R, have, rows, k):  # pragma: no cover - compiled
+def _formed(R, have, rows, k):  # pragma: no cover - compiled
     """Whether row ``k`` of ``R`` holds ``K(x_k, X)``: formed before, or now by ``rows`` (a
     :class:`~joker_ext.kernel_rows.RowFormer`); False when it is missing and ``rows`` cannot form it."""
     if have[k]:
@@ -206,6 +211,24 @@ def _row_at_hand(R, have, rows, k):  # pragma: no cover - compiled
     rows.left[0] -= 1
     have[k] = True
     return True
+
+
+@_njit
+def _row_at_hand(R, have, rows, parent, k):  # pragma: no cover - compiled
+    """:func:`_formed`, or in a :class:`_Compact` block (``parent = (R_full, have_full, A)``, ``A`` empty outside
+    one), row ``k`` of the block, ``R_full[A[k], A]``, copied from the full row, formed first where missing (full
+    rows serve the phases of other columns, the block's gradient update when it ends and the engine after the
+    phase)."""
+    A = parent[2]
+    if have[k] or A.shape[0] == 0:
+        return _formed(R, have, rows, k)
+    if _formed(parent[0], parent[1], rows, A[k]):
+        full = parent[0][A[k]]
+        for q in range(A.shape[0]):
+            R[k, q] = full[A[q]]
+        have[k] = True
+        return True
+    return _formed(R, have, parent[3], k)
 
 
 @_njit
@@ -374,15 +397,17 @@ def _pair_move(a, g, h, lo, hi, kink, up_off, down_off, i, j, Ri, Rj, dp_i, curv
 
 
 @_njit
-def _pair_steps(R, have, rows, diag, h, kink, lo, hi, a, g, tol, tau, max_steps, act, n_act,
-                countdown):  # pragma: no cover - compiled
+def _pair_steps(R, have, rows, parent, diag, h, kink, lo, hi, a, g, tol, tau, max_steps, act, n_act, countdown,
+                compact_below):  # pragma: no cover - compiled
     """Pair steps (with an intercept) until the maximal violation is below ``tol``, ``max_steps`` are taken, or a
     step needs a row ``have`` lacks and ``rows`` (a :class:`~joker_ext.kernel_rows.RowFormer`) cannot form it;
     returns ``(steps, status, row, n_act, countdown)``. The pair is chosen among ``act[:n_act]``, shrunk every
     ``SHRINK_EVERY`` steps (``countdown`` steps from now; it carries over from call to call) to the coordinates whose
     costs lie within the current extremes (LIBSVM's shrinking; ``g`` stays exact for all, so nothing needs
-    reconstructing): when those are optimal, all coordinates are checked again. The loops over coordinates avoid
-    data-dependent branches (blocked directions cost infinity): mispredicted branches made a step 3-5x slower."""
+    reconstructing): when those are optimal, all coordinates are checked again. A shrinking that leaves at most
+    ``compact_below`` coordinates ends the call (status ``_SHRUNK``): the driver goes on with them alone
+    (:class:`_Compact`). The loops over coordinates avoid data-dependent branches (blocked directions cost infinity):
+    mispredicted branches made a step 3-5x slower."""
     n = a.shape[0]
     up_off, down_off = _offsets(a, lo, hi, kink)
     gains = np.empty(n)  # the partner scan's scratch
@@ -402,14 +427,16 @@ def _pair_steps(R, have, rows, diag, h, kink, lo, hi, a, g, tol, tau, max_steps,
         if countdown == 0:
             n_act = _shrink(act, n_act, a, g, kink, up_off, down_off, dp_i, dm_max)
             countdown = min(n, SHRINK_EVERY)
-        if not _row_at_hand(R, have, rows, i):
+            if n_act <= compact_below:
+                return step, _SHRUNK, -1, n_act, countdown
+        if not _row_at_hand(R, have, rows, parent, i):
             return step, _NEEDS_ROW, i, n_act, countdown
         Ri = R[i]
         qi = diag[i] + h[i]
         j = _partner(g, down_off, diag, h, Ri, qi, dp_i, tau, act, n_act, gains)
         if j < 0:
             return step, _CONVERGED, -1, n_act, countdown
-        if not _row_at_hand(R, have, rows, j):
+        if not _row_at_hand(R, have, rows, parent, j):
             return step, _NEEDS_ROW, j, n_act, countdown
         Rj = R[j]
         curvature = qi + diag[j] + h[j] - 2.0 * Ri[j]
@@ -421,8 +448,8 @@ def _pair_steps(R, have, rows, diag, h, kink, lo, hi, a, g, tol, tau, max_steps,
 
 
 @_njit
-def _free_sum_steps(R, have, rows, diag, h, kink, lo, hi, a, g, tol, tau, max_steps, act, n_act,
-                    countdown):  # pragma: no cover - compiled
+def _free_sum_steps(R, have, rows, parent, diag, h, kink, lo, hi, a, g, tol, tau, max_steps, act, n_act, countdown,
+                    compact_below):  # pragma: no cover - compiled
     """Steps without an intercept, as :func:`_pair_steps` (the same returns, shrinking and stop at ``tol``): each step
     the better, at second order, of the best one-coordinate step and the best pair step. The one-coordinate steps
     move ``sum a``; the pairs move along ``e_i - e_j``, which a one-coordinate step reaches only by zigzagging. A
@@ -445,13 +472,15 @@ def _free_sum_steps(R, have, rows, diag, h, kink, lo, hi, a, g, tol, tau, max_st
         if countdown == 0:
             n_act = _shrink(act, n_act, a, g, kink, up_off, down_off, min(-violation, dp_i), max(violation, dm_max))
             countdown = min(n, SHRINK_EVERY)
-        if not _row_at_hand(R, have, rows, s):
+            if n_act <= compact_below:
+                return step, _SHRUNK, -1, n_act, countdown
+        if not _row_at_hand(R, have, rows, parent, s):
             return step, _NEEDS_ROW, s, n_act, countdown
         if diag[s] + h[s] < -NEGATIVE_CURVATURE * abs(diag[s] + h[s]):
             return step, _INDEFINITE, s * n + s, n_act, countdown
         qs = max(diag[s] + h[s], tau)
         if dm_max > dp_i:  # a pair step gains too: the better of the two
-            if not _row_at_hand(R, have, rows, i):
+            if not _row_at_hand(R, have, rows, parent, i):
                 return step, _NEEDS_ROW, i, n_act, countdown
             Ri = R[i]
             qi = diag[i] + h[i]
@@ -460,7 +489,7 @@ def _free_sum_steps(R, have, rows, diag, h, kink, lo, hi, a, g, tol, tau, max_st
                 curvature = qi + diag[j] + h[j] - 2.0 * Ri[j]
                 diff = g[j] + down_off[j] - dp_i
                 if diff * diff / max(curvature, tau) > violation * violation / qs:
-                    if not _row_at_hand(R, have, rows, j):
+                    if not _row_at_hand(R, have, rows, parent, j):
                         return step, _NEEDS_ROW, j, n_act, countdown
                     if curvature < -NEGATIVE_CURVATURE * (abs(qi) + abs(diag[j] + h[j])):
                         return step, _INDEFINITE, i * n + j, n_act, countdown
@@ -490,6 +519,53 @@ def _free_sum_steps(R, have, rows, diag, h, kink, lo, hi, a, g, tol, tau, max_st
             g[k] += t * Rs[k]
         g[s] += h[s] * t
     return max_steps, _STEPS, -1, n_act, countdown
+
+
+@_njit
+def _add_moves(R, idx, delta, g):  # pragma: no cover - compiled
+    """``g += sum_p delta[p] R[idx[p]]``."""
+    for p in range(idx.shape[0]):
+        Rk = R[idx[p]]
+        t = delta[p]
+        for q in range(g.shape[0]):
+            g[q] += t * Rk[q]
+
+
+class _Compact:
+    """The phase restricted to the coordinates ``A`` that a shrinking kept, with their own copies of the data and
+    of their kernel block ``K_AA`` (``m x m``, copied row by row from the cache's full rows as the steps read
+    them): a step then reads rows of ``m`` numbers, not ``n``, and the block stays in the processor's caches where
+    the full rows of the same coordinates do not (LIBSVM reads rows of its shrunk length too). Measured against the
+    full rows (hinge and epsilon-insensitive, best of three alternating fits): n = 10,000, 0.73x and 0.93x the fit's
+    time; n = 4000, letter 0.84x, spambase 0.89x, the rest within the noise. The other coordinates' gradient is
+    brought up to date when the phase leaves the block (:meth:`expand`), through the full rows of the coordinates
+    that moved (formed when the steps read them)."""
+
+    def __init__(self, A: np.ndarray, R: np.ndarray, have: np.ndarray, kernel, X: torch.Tensor, diag, h, lo, hi, a, g):
+        self.A, m = A, A.size
+        self.diag, self.h, self.lo, self.hi = diag[A], h[A], lo[A], hi[A]
+        self.a, self.g = a[A], g[A]
+        self.start = self.a.copy()
+        self.R = np.empty((m, m))
+        self.have = np.zeros(m, dtype=bool)
+        # its rows are copied from the cache's, or formed at length m (:func:`_row_at_hand`)
+        self.parent = (R, have, A, row_former(kernel, X[torch.from_numpy(A)]) or no_row_former())
+        self.act, self.n_act, self.countdown = np.arange(m, dtype=np.int64), m, min(m, SHRINK_EVERY)
+
+    def sync(self, a: np.ndarray) -> None:
+        """Write the block's coordinates into the full ``a``."""
+        a[self.A] = self.a
+
+    def expand(self, cache, R: np.ndarray, have: np.ndarray, a: np.ndarray, g: np.ndarray) -> None:
+        """Leave the block: ``a`` takes its coordinates, ``g`` the block's gradient on them and, on the others, the
+        moves of the block's coordinates, through their full rows."""
+        self.sync(a)
+        moved = np.flatnonzero(self.a != self.start)
+        idx = self.A[moved]
+        if not have[idx].all():
+            cache(torch.from_numpy(idx))
+        _add_moves(R, idx, self.a[moved] - self.start[moved], g)
+        g[self.A] = self.g
 
 
 def _worst_without_row(a, g, kink, lo, hi, have, intercept: bool, count: int) -> np.ndarray:
@@ -621,38 +697,70 @@ def smo_phase(cache, diag: torch.Tensor, column, a: torch.Tensor, *, tol: float,
     budget = 50 * n if max_steps is None else int(max_steps)
     taken = 0
     act, n_act, countdown = np.arange(n, dtype=np.int64), n, min(n, SHRINK_FIRST)
+    compact_below = int(COMPACT_SHARE * n) if n >= COMPACT_MIN_N else 0
+    block = None  # the _Compact the steps run on, if any
+    outside = (R, have, np.zeros(0, dtype=np.int64), no_row_former())  # (:func:`_row_at_hand`'s outside a block)
     # the sets are checked every ``round_steps`` steps: the phase ends once they have settled
     round_steps = max(SETTLE_MIN_STEPS, int(SETTLE_ROUND * n))
     round_end, sets = round_steps, column.status(a)[0]
     prefetch = _Prefetch(n)
     while taken < budget and time.perf_counter() < deadline and not interrupted():
-        done, status, row, n_act, countdown = steps_fn(R, have, rows, diag_np, h, kink, lo, hi, a_np, g, tol, tau,
-                                                       min(CHUNK_STEPS, budget - taken, round_end - taken), act,
-                                                       n_act, countdown)
+        chunk = min(CHUNK_STEPS, budget - taken, round_end - taken)
+        if block is None:
+            done, status, row, n_act, countdown = steps_fn(R, have, rows, outside, diag_np, h, kink, lo, hi, a_np, g,
+                                                           tol, tau, chunk, act, n_act, countdown, compact_below)
+        else:
+            done, status, row, block.n_act, block.countdown = steps_fn(
+                block.R, block.have, rows, block.parent, block.diag, block.h, kink, block.lo, block.hi, block.a,
+                block.g, tol, tau, chunk, block.act, block.n_act, block.countdown, 0)
         taken += done
+        if status == _SHRUNK:
+            block = _Compact(np.sort(act[:n_act]), R, have, cache.operator.kernel, cache.X, diag_np, h, lo, hi, a_np, g)
+            continue
         if status == _CONVERGED:
-            break
+            if block is None:
+                break
+            # optimal on the block: back to every coordinate, which the next call checks
+            block.expand(cache, R, have, a_np, g)
+            block, n_act, countdown = None, _unshrink(act), min(n, SHRINK_EVERY)
+            continue
         if status == _INDEFINITE:
-            i, j = divmod(int(row), n)
-            curvature = diag_np[i] + h[i] + diag_np[j] + h[j] - 2.0 * R[i, j] if i != j else diag_np[i] + h[i]
-            what = ("k(x, x) + h", "a training point x") if i == j else \
-                ("k(x, x) + k(x', x') - 2 k(x, x') + h + h'", "training points x, x'")
-            raise torch.linalg.LinAlgError(
-                f"the kernel matrix is not positive semidefinite: {what[0]} = {curvature:.3e} < 0 for {what[1]}; is "
-                f"the kernel positive semidefinite? (e.g. scikit-learn's 'sigmoid' kernel is not)")
+            on = (R, diag_np, h) if block is None else (block.R, block.diag, block.h)
+            raise _indefinite(*on, *divmod(int(row), on[0].shape[1]))
+        if block is not None:
+            block.sync(a_np)
         if status == _NEEDS_ROW:
-            extra = _worst_without_row(a_np, g, kink, lo, hi, have, column.intercept, prefetch.count(a_np) - 1)
-            idx = np.unique(np.concatenate([[row], extra]).astype(np.int64))
-            cache(torch.from_numpy(idx))
+            if block is None:
+                extra = _worst_without_row(a_np, g, kink, lo, hi, have, column.intercept, prefetch.count(a_np) - 1)
+                idx = np.unique(np.concatenate([[row], extra]).astype(np.int64))
+                cache(torch.from_numpy(idx))
+            else:
+                extra = _worst_without_row(block.a, block.g, kink, block.lo, block.hi, have[block.A],
+                                           column.intercept, prefetch.count(a_np) - 1)
+                local = np.unique(np.concatenate([[row], extra]).astype(np.int64))
+                idx = block.A[local]
+                cache(torch.from_numpy(idx))  # (the loop copies the block's rows from them)
             prefetch.formed(idx, a_np)
         elif taken >= round_end:
             now = column.status(a)[0]
             if int((now != sets).sum()) < settled * round_steps:
                 break
             round_end, sets = taken + round_steps, now
+    if block is not None:
+        block.expand(cache, R, have, a_np, g)
     if product is not None:
         product.copy_(torch.from_numpy(g + lin - h * a_np))
     return taken
+
+
+def _indefinite(R, diag, h, i: int, j: int) -> torch.linalg.LinAlgError:
+    """The error of a step direction of negative curvature, on coordinates ``i`` and ``j`` (``i == j``: one)."""
+    curvature = diag[i] + h[i] + diag[j] + h[j] - 2.0 * R[i, j] if i != j else diag[i] + h[i]
+    what = ("k(x, x) + h", "a training point x") if i == j else \
+        ("k(x, x) + k(x', x') - 2 k(x, x') + h + h'", "training points x, x'")
+    return torch.linalg.LinAlgError(
+        f"the kernel matrix is not positive semidefinite: {what[0]} = {curvature:.3e} < 0 for {what[1]}; is "
+        f"the kernel positive semidefinite? (e.g. scikit-learn's 'sigmoid' kernel is not)")
 
 
 def _concurrent(cache) -> bool:

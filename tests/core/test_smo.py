@@ -65,14 +65,29 @@ def _cvxpy_optimum(K, col) -> float:
     return float(prob.value)
 
 
+def _compact_every_shrinking(monkeypatch, share: float = 0.9) -> list:
+    """Make every shrinking (every 20 steps) that keeps at most ``share`` of the coordinates hand the steps to a
+    ``_Compact`` block, whatever ``n``; returns the list that receives each block's size."""
+    for key, value in [("COMPACT_MIN_N", 0), ("COMPACT_SHARE", share), ("SHRINK_FIRST", 20), ("SHRINK_EVERY", 20),
+                       ("SHRINK_KEEP_MAX", share)]:
+        monkeypatch.setattr(smo, key, value)
+    blocks = []
+    block_type = smo._Compact
+    monkeypatch.setattr(smo, "_Compact", lambda A, *args: blocks.append(A.size) or block_type(A, *args))
+    return blocks
+
+
+@pytest.mark.parametrize("compact", [False, True])
 @pytest.mark.parametrize("rows", ["loop", "blocks", "budget"])
 @pytest.mark.parametrize("intercept", [True, False])
 @pytest.mark.parametrize("name", BOX_LOSSES)
-def test_smo_phase_reaches_the_cvxpy_optimum_of_the_box_qp(monkeypatch, name, intercept, rows):
+def test_smo_phase_reaches_the_cvxpy_optimum_of_the_box_qp(monkeypatch, name, intercept, rows, compact):
     """Run to a tight tolerance, the steps stay in the box (and on sum a = 0 with an intercept) and reach the
     optimal value cvxpy finds for the same QP, whether the loop forms its kernel rows, the cache does, or the loop
     forms them up to its budget (inputs above ``FORM_MAX_DIM`` dimensions: ``FORM_SHARE n`` rows) and the cache
-    the rest."""
+    the rest. ``compact``: every shrinking hands the steps to a block of the coordinates it kept (``_Compact``,
+    below its size here); the phase still ends at the optimum, and the ``K a`` read off its gradient (the shrunk
+    coordinates' part brought up to date as each block ends) is the product with the kernel matrix."""
     cache, diag, col, K = _box_qp(name, intercept, rows="blocks" if rows == "blocks" else "loop")
     n = K.shape[0]
     in_blocks = []
@@ -81,12 +96,17 @@ def test_smo_phase_reaches_the_cvxpy_optimum_of_the_box_qp(monkeypatch, name, in
         monkeypatch.setattr(smo, "FORM_SHARE", 0.25)
         fill = cache._fill
         monkeypatch.setattr(cache, "_fill", lambda slots, idx: in_blocks.append(idx.numel()) or fill(slots, idx))
+    blocks = _compact_every_shrinking(monkeypatch) if compact else []
     a = torch.zeros(n, dtype=F64)
-    steps = smo_phase(cache, diag, col, a, tol=1e-10, deadline=float("inf"), max_steps=10**6)
+    product = torch.full((n,), float("nan"), dtype=F64)
+    steps = smo_phase(cache, diag, col, a, tol=1e-10, deadline=float("inf"), max_steps=10**6, product=product)
     a = a.numpy()
     assert steps > 0
-    if rows == "budget":  # the loop formed its quarter of the rows (no more), the cache at least one block
-        assert in_blocks and int(cache.have.sum()) - sum(in_blocks) == n // 4
+    if rows == "budget" and not compact:  # the loop formed its quarter of the rows (no more), the cache at least one
+        assert in_blocks and int(cache.have.sum()) - sum(in_blocks) == n // 4  # block
+    if compact and name != "squared":  # blocks were made (a squared loss has no bounds to shrink at)
+        assert blocks and max(blocks) < n
+    assert np.abs(product.numpy() - K @ a).max() <= 1e-11 * max(1.0, np.abs(K @ a).max())
     assert np.all(a >= col.lo.numpy()) and np.all(a <= col.hi.numpy())
     if intercept:
         assert abs(a.sum()) <= 1e-10 * np.abs(a).sum()
@@ -246,13 +266,17 @@ def test_working_set_reaches_the_same_certified_optimum_with_and_without_the_smo
     assert abs(objectives[0] - objectives[1]) <= 1e-9 * abs(objectives[1])
 
 
+@pytest.mark.parametrize("compact", [False, True])
 @pytest.mark.parametrize("warm", [False, True])
-def test_one_vs_rest_columns_on_threads_end_where_they_end_one_after_another_at_svcs_models(monkeypatch, warm):
+def test_one_vs_rest_columns_on_threads_end_where_they_end_one_after_another_at_svcs_models(monkeypatch, warm,
+                                                                                            compact):
     """Four one-vs-rest columns (d = 3: the loop forms every row) on two threads: the phases run at once (a barrier
     that each phase must pass after its first chunk of steps, which one thread alone would never pass), share the
     cache's rows, and end with the very numbers of the phases one after another (a race on a row half-way through
     forming, or on its flag, would change them); the certified fit is then each class against the rest as SVC
-    fits it at tol 1e-10. ``warm``: from a nonzero feasible start, whose rows the cache forms first."""
+    fits it at tol 1e-10. ``warm``: from a nonzero feasible start, whose rows the cache forms first. ``compact``:
+    the phases go on in blocks of the coordinates each shrinking keeps."""
+    blocks = _compact_every_shrinking(monkeypatch, share=1.0) if compact else []
     rng = np.random.default_rng(3)
     n = 400
     X = rng.standard_normal((n, 3))
@@ -289,6 +313,7 @@ def test_one_vs_rest_columns_on_threads_end_where_they_end_one_after_another_at_
 
     together = run(2, meet)
     assert torch.equal(together, one_by_one)
+    assert bool(blocks) == compact
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     clf = JokerClassifier(loss="hinge", C=2.0, gamma=1.0, fit_intercept=True, tol=1e-10).fit(X, y)
@@ -298,11 +323,15 @@ def test_one_vs_rest_columns_on_threads_end_where_they_end_one_after_another_at_
         assert np.abs(clf.decision_function(X)[:, k] - ref.decision_function(X)).max() <= 1e-6
 
 
-def test_columns_on_threads_beyond_form_max_dim_form_their_rows_in_the_loop_not_through_the_cache(monkeypatch):
+@pytest.mark.parametrize("compact", [False, True])
+def test_columns_on_threads_beyond_form_max_dim_form_their_rows_in_the_loop_not_through_the_cache(monkeypatch,
+                                                                                                   compact):
     """On 40 dimensions (above ``FORM_MAX_DIM``, within ``CONCURRENT_MAX_DIM``) the phases run at once and form every
-    row they read in the loop: the cache forms none while they run; the certified one-vs-rest fit is then each class
-    against the rest as SVC fits it at tol 1e-10."""
+    row they read in the loop: the cache forms none while they run (nor when a block of shrunk coordinates ends,
+    with ``compact``); the certified one-vs-rest fit is then each class against the rest as SVC fits it at tol
+    1e-10."""
     assert smo.FORM_MAX_DIM < 40 <= smo.CONCURRENT_MAX_DIM
+    blocks = _compact_every_shrinking(monkeypatch, share=1.0) if compact else []
     rng = np.random.default_rng(5)
     n = 300
     X = rng.standard_normal((n, 40))
@@ -324,6 +353,7 @@ def test_columns_on_threads_beyond_form_max_dim_form_their_rows_in_the_loop_not_
     gamma = 1.0 / 40
     clf = JokerClassifier(loss="hinge", C=2.0, gamma=gamma, fit_intercept=True, tol=1e-10).fit(X, y)
     assert len(seen) == 3 and all(every and before == after == seen[0][1] for every, before, after in seen)
+    assert bool(blocks) == compact
     assert clf.relative_gap_ <= 1e-10
     for k in range(3):
         ref = SVC(C=2.0, gamma=gamma, tol=1e-10).fit(X, (y == k).astype(int))
