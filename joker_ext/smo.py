@@ -697,7 +697,6 @@ def smo_phase(cache, diag: torch.Tensor, column, a: torch.Tensor, *, tol: float,
     budget = 50 * n if max_steps is None else int(max_steps)
     taken = 0
     act, n_act, countdown = np.arange(n, dtype=np.int64), n, min(n, SHRINK_FIRST)
-    compact_below = int(COMPACT_SHARE * n) if n >= COMPACT_MIN_N else 0
     block = None  # the _Compact the steps run on, if any
     outside = (R, have, np.zeros(0, dtype=np.int64), no_row_former())  # (:func:`_row_at_hand`'s outside a block)
     # the sets are checked every ``round_steps`` steps: the phase ends once they have settled
@@ -708,14 +707,19 @@ def smo_phase(cache, diag: torch.Tensor, column, a: torch.Tensor, *, tol: float,
         chunk = min(CHUNK_STEPS, budget - taken, round_end - taken)
         if block is None:
             done, status, row, n_act, countdown = steps_fn(R, have, rows, outside, diag_np, h, kink, lo, hi, a_np, g,
-                                                           tol, tau, chunk, act, n_act, countdown, compact_below)
+                                                           tol, tau, chunk, act, n_act, countdown, _compact_below(n))
         else:
             done, status, row, block.n_act, block.countdown = steps_fn(
                 block.R, block.have, rows, block.parent, block.diag, block.h, kink, block.lo, block.hi, block.a,
-                block.g, tol, tau, chunk, block.act, block.n_act, block.countdown, 0)
+                block.g, tol, tau, chunk, block.act, block.n_act, block.countdown, _compact_below(block.A.size))
         taken += done
         if status == _SHRUNK:
-            block = _Compact(np.sort(act[:n_act]), R, have, cache.operator.kernel, cache.X, diag_np, h, lo, hi, a_np, g)
+            if block is None:
+                kept = np.sort(act[:n_act])
+            else:  # the block shrank in turn: a smaller one, from the full problem brought up to date
+                kept = block.A[np.sort(block.act[:block.n_act])]
+                block.expand(cache, R, have, a_np, g)
+            block = _Compact(kept, R, have, cache.operator.kernel, cache.X, diag_np, h, lo, hi, a_np, g)
             continue
         if status == _CONVERGED:
             if block is None:
@@ -751,6 +755,12 @@ def smo_phase(cache, diag: torch.Tensor, column, a: torch.Tensor, *, tol: float,
     if product is not None:
         product.copy_(torch.from_numpy(g + lin - h * a_np))
     return taken
+
+
+def _compact_below(m: int) -> int:
+    """The most coordinates a shrinking of ``m`` may keep for the steps to go on in a :class:`_Compact` block of
+    them (0: none)."""
+    return int(COMPACT_SHARE * m) if m >= COMPACT_MIN_N else 0
 
 
 def _indefinite(R, diag, h, i: int, j: int) -> torch.linalg.LinAlgError:
