@@ -541,15 +541,18 @@ class _Compact:
     brought up to date when the phase leaves the block (:meth:`expand`), through the full rows of the coordinates
     that moved (formed when the steps read them)."""
 
-    def __init__(self, A: np.ndarray, R: np.ndarray, have: np.ndarray, kernel, X: torch.Tensor, diag, h, lo, hi, a, g):
+    def __init__(self, A: np.ndarray, R: np.ndarray, have: np.ndarray, rows: RowFormer, kernel, X: torch.Tensor, diag,
+                 h, lo, hi, a, g):
         self.A, m = A, A.size
         self.diag, self.h, self.lo, self.hi = diag[A], h[A], lo[A], hi[A]
         self.a, self.g = a[A], g[A]
         self.start = self.a.copy()
         self.R = np.empty((m, m))
         self.have = np.zeros(m, dtype=bool)
-        # its rows are copied from the cache's, or formed at length m (:func:`_row_at_hand`)
-        self.parent = (R, have, A, row_former(kernel, X[torch.from_numpy(A)]) or no_row_former())
+        # its rows are copied from the cache's, or formed at length m once the phase's former (``rows``) has formed
+        # its share of full rows (:func:`_row_at_hand`; none needed where that former can form every row)
+        short = no_row_former() if rows.left[0] >= R.shape[1] else row_former(kernel, X[torch.from_numpy(A)])
+        self.parent = (R, have, A, short or no_row_former())
         self.act, self.n_act, self.countdown = np.arange(m, dtype=np.int64), m, min(m, SHRINK_EVERY)
 
     def sync(self, a: np.ndarray) -> None:
@@ -719,7 +722,7 @@ def smo_phase(cache, diag: torch.Tensor, column, a: torch.Tensor, *, tol: float,
             else:  # the block shrank in turn: a smaller one, from the full problem brought up to date
                 kept = block.A[np.sort(block.act[:block.n_act])]
                 block.expand(cache, R, have, a_np, g)
-            block = _Compact(kept, R, have, cache.operator.kernel, cache.X, diag_np, h, lo, hi, a_np, g)
+            block = _Compact(kept, R, have, rows, cache.operator.kernel, cache.X, diag_np, h, lo, hi, a_np, g)
             continue
         if status == _CONVERGED:
             if block is None:
