@@ -10,8 +10,9 @@ bytes, in four parts:
   duality gap's temporaries) and the block partition (int64);
 * ``per_block``: what one iteration holds beyond them: the block's inputs, its kernel or feature
   matrix, the dense factorisations of the block Hessian, the stacked candidate steps (DBCD-TR); the
-  working set's kernel block and the free part's factor plus its row cache (working set); the sketch of the
-  preconditioner (feature Newton);
+  working set's kernel block and the free part's factor plus its row cache (working set; with every row cached, on
+  the CPU, also the SMO phase's blocks of up to ``(n / 2)^2`` numbers, one per column running at once); the sketch
+  of the preconditioner (feature Newton);
 * ``per_chunk``: a chunk of ``r`` rows streamed over the data (``r b`` kernel values for the exact update,
   ``r M`` features for a pass; the working set's block of kernel rows while its cache fills, at most
   ``FILL_ELEMENTS`` values: on a GPU it is allocated in full, on the CPU only its touched pages count);
@@ -35,6 +36,7 @@ from .defaults import (CAUCHY_CANDIDATES, CHUNK_ROWS, CONVERT_SPLIT, DIRECT_MAX,
                        FEATURE_CACHE_BYTES, FILL_ELEMENTS, GRAM_MAX, IN_PLACE_BLOCK, KINKED_HESSIAN_MAX_FEATURES,
                        SEARCH_CANDIDATES, STREAM_BYTES, TEST_MATRIX_BLOCK, WORKING_SET_DTYPE)
 from .engines import DEFAULT_EXACT_MEMORY, WORKING_SET_SIZE, needs_smoothing_loss
+from .smo import COMPACT_SHARE
 from .operators import block_model
 
 __all__ = ["MemoryEstimate", "estimate_fit_memory", "keeps_features", "plan_blocks", "plan_newton", "parse_memory",
@@ -208,6 +210,10 @@ def estimate_fit_memory(n: int, d: int, T: int = 1, *, n_features: Optional[int]
         # the row vectors, and the points as the kernel prepared them for the cache's rows (Kernel.against)
         per_row = n * (WORKING_SET_ROW_VECTORS * T + 1 + d + 1) * itemsize
         per_block = (rows * n + (WORKING_SET_MATRICES + WORKING_SET_CARRIED * T) * B * B + B * d) * itemsize
+        if rows == n and (device is None or torch.device(device).type == "cpu"):
+            # the SMO phase's compact blocks of shrunk coordinates (joker_ext.smo._Compact), one per column running
+            # at once
+            per_block += min(T, torch.get_num_threads()) * int(COMPACT_SHARE * n) ** 2 * itemsize
         per_chunk = min(max(1, FILL_ELEMENTS // n), B) * n * itemsize  # the kernel rows of a cache fill
         return MemoryEstimate(per_row, per_block, per_chunk, 0)
     if solver == "newton":
