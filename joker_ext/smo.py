@@ -37,10 +37,13 @@ rows are used and shrink while they are not (``PREFETCH``).
 
 Coordinates at a bound (or at the kink) whose costs lie beyond the current extremes are left out of the choice
 after ``SHRINK_FIRST`` steps and then every ``SHRINK_EVERY`` steps (LIBSVM's shrinking; ``g`` stays exact for all
-of them, so they return at no cost when the rest is optimal). The phase ends at the tolerance, after ``max_steps``,
-or once its sets (at ``lo``, at ``hi``, at the kink, free) have settled: a round of ``n / 4`` steps that changed the
-sets of fewer than ``settled`` times as many coordinates. What is left then is mostly the linear system on the free
-set, which one factorisation solves and thousands of further steps only approach.
+of them, so they return at no cost when the rest is optimal). Where a shrinking keeps at most ``COMPACT_SHARE`` of
+the coordinates, the steps go on in a copy of the problem on those alone (:class:`_Compact`), reading rows of their
+number, and the left-out coordinates' gradient is brought up to date when the copy is optimal. The phase ends at
+the tolerance, after ``max_steps``, or once its sets (at ``lo``, at ``hi``, at the kink, free) have settled: a round
+of ``n / 4`` steps that changed the sets of fewer than ``settled`` times as many coordinates. What is left then is
+mostly the linear system on the free set, which one factorisation solves and thousands of further steps only
+approach.
 
 Why this phase: the working-set engine's subproblems cost factorisations, 10-20 of them when the sets are far from
 the solution's; the decomposition pays them while the free set and the bounds settle. Cheap steps find those sets
@@ -216,10 +219,11 @@ def _formed(R, have, rows, k):  # pragma: no cover - compiled
 
 @_njit
 def _row_at_hand(R, have, rows, parent, k):  # pragma: no cover - compiled
-    """:func:`_formed`, or in a :class:`_Compact` block (``parent = (R_full, have_full, A)``, ``A`` empty outside
-    one), row ``k`` of the block, ``R_full[A[k], A]``, copied from the full row, formed first where missing (full
-    rows serve the phases of other columns, the block's gradient update when it ends and the engine after the
-    phase)."""
+    """:func:`_formed`, or in a :class:`_Compact` block (``parent = (R_full, have_full, A, short)``, ``A`` empty
+    outside one), row ``k`` of the block, ``R_full[A[k], A]``: copied from the full row, formed first by ``rows``
+    where missing (full rows serve the phases of other columns, the block's gradient update when it ends and the
+    engine after the phase), or, once ``rows`` can form no more, formed at the block's length by ``short`` (a
+    :class:`~joker_ext.kernel_rows.RowFormer` on the block's points)."""
     A = parent[2]
     if have[k] or A.shape[0] == 0:
         return _formed(R, have, rows, k)
@@ -534,13 +538,15 @@ def _add_moves(R, idx, delta, g):  # pragma: no cover - compiled
 
 class _Compact:
     """The phase restricted to the coordinates ``A`` that a shrinking kept, with their own copies of the data and
-    of their kernel block ``K_AA`` (``m x m``, copied row by row from the cache's full rows as the steps read
-    them): a step then reads rows of ``m`` numbers, not ``n``, and the block stays in the processor's caches where
-    the full rows of the same coordinates do not (LIBSVM reads rows of its shrunk length too). Measured against the
-    full rows (hinge and epsilon-insensitive, best of three alternating fits): n = 10,000, 0.73x and 0.93x the fit's
-    time; n = 4000, letter 0.84x, spambase 0.89x, the rest within the noise. The other coordinates' gradient is
-    brought up to date when the phase leaves the block (:meth:`expand`), through the full rows of the coordinates
-    that moved (formed when the steps read them)."""
+    of their kernel block ``K_AA`` (``m x m``, its rows copied from the cache's full rows as the steps read them, or
+    formed at length ``m`` where the full ones are not formed in the loop: :func:`_row_at_hand`; memory is touched
+    only for the rows read): a step then reads rows of ``m`` numbers, not ``n``, and the block stays in the
+    processor's caches where the full rows of the same coordinates do not (LIBSVM reads rows of its shrunk length
+    too). Measured against the full rows (best of two to four alternating fits): n = 10,000, epsilon-insensitive
+    0.66-0.86x the fit's time, hinge 0.93-0.95x; n = 4000, letter 0.84-0.94x, spambase 0.89-0.94x, one-vs-rest on
+    letter and satimage 0.87-0.93x, the rest (mushroom, penbased, banana, magic, optdigits) within the noise. The
+    other coordinates' gradient is brought up to date when the phase leaves the block (:meth:`expand`), through the
+    full rows of the coordinates that moved."""
 
     def __init__(self, A: np.ndarray, R: np.ndarray, have: np.ndarray, rows: RowFormer, kernel, X: torch.Tensor, diag,
                  h, lo, hi, a, g):
@@ -566,7 +572,7 @@ class _Compact:
         self.sync(a)
         moved = np.flatnonzero(self.a != self.start)
         idx = self.A[moved]
-        if not have[idx].all():
+        if not have[idx].all():  # rows formed short (never on threads: their former forms every full row)
             cache(torch.from_numpy(idx))
         _add_moves(R, idx, self.a[moved] - self.start[moved], g)
         g[self.A] = self.g
