@@ -432,6 +432,19 @@ def test_smo_phase_stops_once_its_sets_have_settled():
     assert smo_phase(cache, diag, col, a, tol=1e-10, deadline=float("inf"), max_steps=10**6) > 2 * smo.SETTLE_MIN_STEPS
 
 
+def test_sets_with_fewer_free_coordinates_than_settle_min_free_never_count_as_settled(monkeypatch):
+    """The settling rule leaves the free set's linear system to a factorisation; a free set below
+    ``SETTLE_MIN_FREE`` times a round's steps is the steps' own: with the share raised above what 160 coordinates can
+    reach, ``settled`` = 1 stops nothing, and the phase ends at the tolerance, at cvxpy's optimum."""
+    cache, diag, col, K = _box_qp("absolute", False)
+    monkeypatch.setattr(smo, "SETTLE_MIN_FREE", (K.shape[0] + 1) / smo.SETTLE_MIN_STEPS)
+    a = torch.zeros(K.shape[0], dtype=F64)
+    steps = smo_phase(cache, diag, col, a, tol=1e-10, deadline=float("inf"), settled=1.0, max_steps=10**6)
+    assert steps > 2 * smo.SETTLE_MIN_STEPS
+    ref = _cvxpy_optimum(K, col)
+    assert _objective(K, col, a.numpy()) - ref <= 1e-9 * abs(ref)
+
+
 def test_smo_phase_shrinks_across_the_calls_of_its_compiled_loop(monkeypatch):
     """The compiled loop returns to the driver every ``CHUNK_STEPS`` steps (and whenever a row is missing): with
     calls shorter than the shrinking's period (100 steps here, against every 160 = n steps), the countdown carries
