@@ -166,24 +166,27 @@ def multiclass_rows(name: str, n: int, points, device: str = "cpu") -> None:
 def generator_rows(n: int, device: str = "cpu") -> None:
     """The rows of :func:`exact_rows` with a scikit-learn estimator on scikit-learn's generators at their defaults
     (seed 0, ``n`` rows, inputs as generated), with scikit-learn's ``gamma='scale'`` (``1 / (d var(X))``): hinge
-    against SVC on ``make_classification`` (d = 20) at C = 1, 10, 100; epsilon-insensitive (0.1) against SVR on
-    ``make_regression`` (d = 100, noise 10; targets raw and standardized) and ``make_friedman1`` (d = 10, noise 1)
-    at C = 1, 10."""
-    from sklearn.datasets import make_classification, make_friedman1, make_regression
+    against SVC on ``make_classification`` (d = 20), ``make_moons`` (noise 0.3) and ``make_circles`` (noise 0.2,
+    factor 0.5; both d = 2, the problems of scikit-learn's classifier comparison) at C = 1, 10, 100;
+    epsilon-insensitive (0.1) against SVR on ``make_regression`` (d = 100, noise 10; targets raw and standardized)
+    and ``make_friedman1`` (d = 10, noise 1) at C = 1, 10."""
+    from sklearn.datasets import make_circles, make_classification, make_friedman1, make_moons, make_regression
     from sklearn.svm import SVC, SVR
 
-    Xc, yc = make_classification(n_samples=n, random_state=0)
+    classifications = [("make_classification", *make_classification(n_samples=n, random_state=0)),
+                       ("make_moons", *make_moons(n_samples=n, noise=0.3, random_state=0)),
+                       ("make_circles", *make_circles(n_samples=n, noise=0.2, factor=0.5, random_state=0))]
     Xr, yr = make_regression(n_samples=n, noise=10.0, random_state=0)
     Xf, yf = make_friedman1(n_samples=n, noise=1.0, random_state=0)
     regressions = [("make_regression", Xr, yr), ("make_regression, standardized y", Xr, (yr - yr.mean()) / yr.std()),
                    ("make_friedman1", Xf, yf)]
-    problems = [("make_classification", Xc, yc, C) for C in (1.0, 10.0, 100.0)]
+    problems = [(name, X, y, C) for name, X, y in classifications for C in (1.0, 10.0, 100.0)]
     problems += [(name, X, y, C) for name, X, y in regressions for C in (1.0, 10.0)]
     for name, X, y, C in problems:
         gamma = 1.0 / (X.shape[1] * X.var())
         print(f"exact kernels, {name}, n = {n}, d = {X.shape[1]}, C = {C}, gamma = {gamma:.4g} (scikit-learn's "
               f"'scale'), float64, joker on {device}")
-        if name == "make_classification":
+        if name in {name for name, _, _ in classifications}:
             _exact_row("hinge + intercept", X, y, dict(loss="hinge", fit_intercept=True),
                        lambda: SVC(C=C, gamma=gamma), C, gamma, device)
         else:

@@ -39,15 +39,16 @@ def test_kinked_falkon_rows_reach_liblinears_objective_on_the_same_features(caps
 
 
 def test_generator_rows_cover_the_generators_and_match_libsvm(capsys):
-    """``--generator-n``: the nine problems of scikit-learn's generators at their defaults, each with its
+    """``--generator-n``: the fifteen problems of scikit-learn's generators at their defaults, each with its
     scikit-learn row; our primal objective (the certified minimiser) at most LIBSVM's at tol 1e-8 up to 1e-6."""
     engines.main(["--exact-n", "--falkon-n", "--generator-n", "200"])
     out = capsys.readouterr().out
     heads = [line for line in out.splitlines() if line.startswith("exact kernels, make_")]
-    assert len(heads) == 9 and sum("make_classification" in h for h in heads) == 3
+    assert len(heads) == 15 and all(sum(name in h for h in heads) == 3
+                                    for name in ("make_classification", "make_moons", "make_circles"))
     assert any("d = 100" in h for h in heads) and any("standardized y" in h for h in heads)
     rows = [line for line in out.splitlines() if "time ratio" in line]
-    assert len(rows) == 9
+    assert len(rows) == 15
     for line in rows:
         rel = float(re.search(r"tol 1e-8: .*\(joker - sklearn\) / sklearn (\S+)", line).group(1))
         assert -1e-4 < rel <= 1e-6
