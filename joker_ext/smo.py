@@ -28,8 +28,9 @@ one-coordinate steps left a free set four times the solution's after ``5 n`` ste
 A step costs ``O(n)`` (the choice and the update) plus the kernel rows it needs, read from the working-set engine's
 cache of ``K`` (formed lazily, all ``n`` rows kept). A row not yet formed is formed by the
 compiled loop itself for the stationary kernels (:mod:`joker_ext.kernel_rows`: ``O(n d)``, only the rows the steps
-read), on inputs of more than ``FORM_MAX_DIM`` dimensions only until ``FORM_SHARE n`` rows are held, and on
-more than ``FORM_SHARE_MAX_DIM`` until a share falling as ``1 / d`` is. Otherwise it stops the loop, and the driver
+read), on inputs of more than ``FORM_MAX_DIM`` dimensions only until ``FORM_SHARE n`` rows are held, on more
+than ``FORM_SHARE_MAX_DIM`` until a share falling as ``1 / d`` is, and until a small share where the points do not fit
+a core's own cache (each row reads them all). Otherwise it stops the loop, and the driver
 forms it together with the rows of the worst violators still without one (the coordinates the next steps are likely
 to choose) in one kernel evaluation: matrix products are cheaper per row, but many of the guessed rows are never read
 (banana, n = 4000, in blocks of 256: 3,994 rows formed where the steps read 1,057), so the blocks grow while their
@@ -60,6 +61,7 @@ The loop is compiled by numba (``cache=True``: once per installation); without n
 """
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -119,6 +121,18 @@ FORM_SHARE = 0.5
 #: ``d``: the last three 1.04x, 1.20x and 1.11x; scaled by ``(60 / d)^2``: 1.13x, 1.14x, 1.11x.
 FORM_SHARE_MAX_DIM = 60
 FORM_SHARE_HIGH_DIM = 0.15
+#: A row formed in the loop reads all of the scaled points (``8 n d`` bytes): at ~80 GB/s while they stay in the
+#: core's own (level 2) cache, at ~30 GB/s from the shared one beyond it (one core, n = 4000: d = 48, 24 us a row;
+#: d = 64 (2 MB), 49 us; d = 98, 107 us, where a row of a block costs ~23 us). Where the points take more than
+#: ``FORM_POINTS_SHARE`` of that cache (its size from the system, :func:`_core_cache_bytes`), the loop forms at most
+#: ``FORM_SHARE_BEYOND n`` rows: enough for a phase that reads few (optdigits at n = 4000, 2 MB of points, reads 330
+#: rows: the same time as before, 1.2x with none in the loop). Measured against the shares above (best of two to four
+#: alternating fits): n = 10,000, make_classification d = 32, 50, 100 0.76x, 0.63x, 0.90x, epsilon-insensitive on
+#: make_regression d = 50 0.67x, flights (d = 25, 2.0 MB) 0.82x; n = 4000, make_regression d = 64 0.86x, mushroom
+#: (d = 98) 0.94x, at n = 4515 0.94x and 1.00x; below the share (spambase, satimage, texture, chess: 1.4-1.7 MB)
+#: unchanged, where no rows in the loop would cost them 1.05-1.9x.
+FORM_POINTS_SHARE = 0.875
+FORM_SHARE_BEYOND = 0.02
 #: Several columns take their phases at once (:func:`smo_columns`) on inputs of at most this many dimensions, each
 #: phase forming every row it reads in the loop: on two threads, against the columns one after another with the rows
 #: as above (one-vs-rest, hinge, n = 4,000, best of three alternating fits): d = 16, penbased and letter 0.75x and
@@ -638,16 +652,32 @@ _formers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 def _row_former(cache, every_row: bool = False) -> RowFormer:
     """The former of the cache's kernel rows inside the loop, where it has one: without a limit on inputs of at most
     ``FORM_MAX_DIM`` dimensions (of any number with ``every_row``), up to ``FORM_SHARE n`` rows held on up to
-    ``FORM_SHARE_MAX_DIM``, up to ``FORM_SHARE_HIGH_DIM FORM_SHARE_MAX_DIM n / d`` beyond; else (and beyond its
+    ``FORM_SHARE_MAX_DIM``, up to ``FORM_SHARE_HIGH_DIM FORM_SHARE_MAX_DIM n / d`` beyond, and up to
+    ``FORM_SHARE_BEYOND n`` where the points outgrow ``FORM_POINTS_SHARE`` of a core's cache; else (and beyond its
     budget) the rows come through the cache, in blocks."""
     n, d = cache.X.shape
     budget = np.iinfo(np.int64).max
     if d > FORM_MAX_DIM and not every_row:
         share = FORM_SHARE if d <= FORM_SHARE_MAX_DIM else FORM_SHARE_HIGH_DIM * FORM_SHARE_MAX_DIM / d
+        if n * d * 8 > FORM_POINTS_SHARE * _core_cache_bytes():
+            share = min(share, FORM_SHARE_BEYOND)
         budget = max(0, int(share * n) - int(cache.have.sum()))
     former = _shared_former(cache)
     # its own scratch and count: phases on threads share the points only
     return former._replace(scratch=np.empty_like(former.scratch), left=np.array([budget], dtype=np.int64))
+
+
+@functools.lru_cache(maxsize=None)
+def _core_cache_bytes() -> int:
+    """The size of a core's level 2 cache in bytes, as Linux reports it for the first processor; 2 MiB where the
+    system does not say (the size of this field's server cores, between 1 and 2 MiB)."""
+    try:
+        with open("/sys/devices/system/cpu/cpu0/cache/index2/size") as f:
+            text = f.read().strip().upper()
+        units = {"K": 2 ** 10, "M": 2 ** 20}
+        return int(text[:-1]) * units[text[-1]] if text[-1:] in units else int(text)
+    except (OSError, ValueError):
+        return 2 ** 21
 
 
 def _shared_former(cache) -> RowFormer:

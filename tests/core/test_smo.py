@@ -154,6 +154,29 @@ def test_the_loop_forms_rows_without_limit_up_to_form_max_dim_then_up_to_its_sha
         assert left < int(smo.FORM_SHARE * n) - 10
 
 
+@pytest.mark.parametrize("d", [5, 30, 61])
+def test_points_beyond_a_cores_cache_leave_the_loop_a_small_share_of_rows(monkeypatch, d):
+    """Points that outgrow ``FORM_POINTS_SHARE`` of a core's cache (here a cache of 4 KiB: 200 points of 30
+    dimensions take 47 KiB) cut the share beyond ``FORM_MAX_DIM`` dimensions to ``FORM_SHARE_BEYOND``; up to
+    ``FORM_MAX_DIM`` the loop still forms every row."""
+    n = 200
+    monkeypatch.setattr(smo, "_core_cache_bytes", lambda: 4096)
+    X = torch.as_tensor(np.random.default_rng(0).standard_normal((n, d)))
+    op = ExactOperator(GaussianKernel(float(np.sqrt(d))), BlockData(X, F64, torch.device("cpu")))
+    cache = _ColumnCache(op, n, F64, torch.device("cpu"))
+    cache(torch.arange(2))  # two rows held
+    left = int(smo._row_former(cache).left[0])
+    if d <= smo.FORM_MAX_DIM:
+        assert left >= n
+    else:
+        assert left == max(0, int(smo.FORM_SHARE_BEYOND * n) - 2) < int(smo.FORM_SHARE_HIGH_DIM * n)
+
+
+def test_the_cores_cache_size_is_read_from_the_system_in_bytes():
+    """Linux says '2048K' (or '1M'); the size comes back in bytes, between 32 KiB and 256 MiB."""
+    assert 2 ** 15 <= smo._core_cache_bytes.__wrapped__() <= 2 ** 28
+
+
 def test_blocks_of_guessed_rows_stay_within_twice_the_rows_the_steps_use(monkeypatch):
     """Where the loop forms no rows (d = 70, its share beyond ``FORM_SHARE_MAX_DIM`` set to none), a missing row comes
     in a block with the rows of the worst violators. On an easy problem (two well-separated classes, 150 of 3000
@@ -571,6 +594,9 @@ def test_a_working_set_that_adds_no_violator_after_an_exact_solve_is_not_solved_
     ds = load("optdigits", n_train=4000, n_test=100, seed=0)
     X, y = np.asarray(ds.X_train, dtype=np.float64), (np.asarray(ds.y_train) == 0).astype(np.int64)
     gamma = 1.0 / (X.shape[1] * X.var())
+    # (the loop forms its rows whatever the core's cache: rows formed in blocks round differently, and the SMO phase
+    # then ends elsewhere, from where the first subproblem's solution leaves no such filler)
+    monkeypatch.setattr(smo, "FORM_POINTS_SHARE", float("inf"))
     solved = []
     subproblem = ws._subproblem
     monkeypatch.setattr(ws, "_subproblem", lambda *args: solved.append(1) or subproblem(*args))
