@@ -38,6 +38,7 @@ import threading
 from functools import lru_cache
 from typing import Optional, Tuple
 
+import numpy
 import torch
 
 try:  # optional: the compiled gather of :func:`submatrix` (torch's two index_selects without it)
@@ -256,6 +257,44 @@ MIXED_PRECISION_MIN = 1024
 #: A float64 system is factored in float32 only when a bound on its condition number times float32's epsilon is at
 #: most this (the bounds used are loose: at 0.035 the refinements still reached residuals of 4e-15).
 MIXED_CONTRACTION = 1.0
+
+
+#: Entries :func:`float32_flushed` clears at a time without numba (a chunk stays in the processor's cache between its
+#: passes).
+FLUSH_ELEMENTS = 2**18
+
+
+def _flush_loop(x, floor):  # pragma: no cover - compiled
+    zero = numpy.float32(0.0)
+    for i in range(x.shape[0]):
+        v = x[i]
+        x[i] = v if abs(v) >= floor else zero
+
+
+_flush_compiled = numba.njit(cache=True, nogil=True)(_flush_loop) if numba is not None else None
+
+
+def float32_flushed(H: torch.Tensor) -> torch.Tensor:
+    """The square matrix ``H`` (float64) rounded to float32, with the entries below ``eps_32^2 max_i |H_ii|`` in
+    magnitude set to zero (``eps_32 = 1.2e-7``): together they move a row by at most ``n eps_32^2`` times the largest
+    diagonal entry, below float32's own rounding of it for ``n < 1 / eps_32``, and the product of two of the entries
+    left stays far above float32's subnormal range. A float32 factorisation of the shifted kernel matrix is a
+    preconditioner for float64 refinements (:class:`RefinedCholesky`); on the CPU each operation on a subnormal
+    number (below ``1.2e-38``) takes a slow path, and kernel entries down to 1e-48 (Gaussian kernel on flights, n =
+    4000, gamma 1x 'scale') left 7,689 of them in the factor: 350 ms for the float32 factorisation against 102 ms
+    with the small entries cleared (float64: 176 ms). The clearing is a compiled pass over the float32 copy on the
+    CPU (5 ms at n = 4000, where the conversion takes 17 ms); elsewhere, or without numba, a pass over chunks of about
+    :data:`FLUSH_ELEMENTS` entries."""
+    H32 = H.to(torch.float32)
+    floor = torch.finfo(torch.float32).eps ** 2 * float(H.diagonal().abs().max()) if H.numel() else 0.0
+    if _flush_compiled is not None and H32.device.type == "cpu" and H32.is_contiguous() and not H32.requires_grad:
+        _flush_compiled(H32.view(-1).numpy(), numpy.float32(floor))
+        return H32
+    step = max(1, FLUSH_ELEMENTS // max(1, H32.shape[1]))
+    for s in range(0, H32.shape[0], step):
+        rows = H32[s:s + step]
+        rows.masked_fill_(rows.abs() < floor, 0.0)
+    return H32
 
 
 class RefinedCholesky:

@@ -33,7 +33,7 @@ from typing import Callable, List, Optional, Tuple
 import torch
 
 from .dense import (MIXED_CONTRACTION, MIXED_PRECISION_MIN, RefinedCholesky, cholesky_ex, cholesky_solve,
-                    submatrix)
+                    float32_flushed, submatrix)
 
 __all__ = ["FreeFactor"]
 
@@ -183,7 +183,7 @@ class FreeFactor:
         smallest, norm_H = float(d.min()), self.residual_scale(K, free, d)
         if not smallest > 0 or norm_H / smallest * torch.finfo(torch.float32).eps > MIXED_CONTRACTION:
             return None
-        H32 = K.to(torch.float32)
+        H32 = float32_flushed(K)
         H32.diagonal().add_(d.to(torch.float32))
         L32, info = cholesky_ex(H32)
         del H32

@@ -25,7 +25,7 @@ from typing import Callable, Optional, Sequence, Tuple, Union
 
 import torch
 
-from .dense import MIXED_PRECISION_MIN, RefinedCholesky, cholesky_ex, cholesky_shifted, cholesky_solve
+from .dense import MIXED_PRECISION_MIN, RefinedCholesky, cholesky_ex, cholesky_shifted, cholesky_solve, float32_flushed
 
 __all__ = ["solve_box_qp", "box_qp_iterates"]
 
@@ -205,7 +205,7 @@ def box_qp_iterates(Q, lin: torch.Tensor, kink: float, lo: torch.Tensor, hi: tor
     converged = False
     # float64 problems of at least MIXED_PRECISION_MIN coordinates factor in float32 (:class:`_Factor`)
     mixed = torch.is_tensor(Q) and Q.dtype == torch.float64 and m >= MIXED_PRECISION_MIN
-    Q32 = Q.to(torch.float32) if mixed else None
+    Q32 = float32_flushed(Q) if mixed else None
     for it in range(MAX_ITERATIONS):
         a = var.point(u, v)
         Qa = Q @ a

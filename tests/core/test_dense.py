@@ -263,3 +263,35 @@ def test_submatrix_is_advanced_indexing(monkeypatch, compiled):
         assert dense.submatrix(K, rows, cols, out=view).data_ptr() == out.data_ptr()
         assert torch.equal(view, K[rows][:, cols]) and torch.isnan(out[17 * 23:]).all()
         assert dense.submatrix(K, rows[:0]).shape == (0, 0)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_float32_flushed_is_the_float32_rounding_less_the_entries_below_eps32_squared_of_the_diagonal(
+        monkeypatch, compiled):
+    """Against numpy's float32 rounding: entries below ``eps_32^2 max |H_ii|`` become zero (subnormal ones among
+    them), the others are rounded as numpy rounds them; a transposed view gives the transposed matrix. A Gaussian
+    kernel matrix whose far entries reach 1e-48 then factors in float32 with no subnormal number in its factor, and
+    its refined solves reach float64's accuracy (numpy's float64 solve as the reference)."""
+    if not compiled:
+        monkeypatch.setattr(dense, "_flush_compiled", None)
+    elif dense._flush_compiled is None:
+        pytest.skip("numba is not installed")
+    g = torch.Generator().manual_seed(5)
+    H = _spd(60, torch.float64, seed=5)
+    floor = np.finfo(np.float32).eps ** 2 * float(H.diagonal().abs().max())
+    H[0, 1:7] = torch.tensor([1e-45, -1e-40, 1e-20, 0.5 * floor, -2.0 * floor, 0.5], dtype=torch.float64)
+    expected = np.where(np.abs(H.numpy()) < floor, 0.0, H.numpy()).astype(np.float32)
+    np.testing.assert_array_equal(dense.float32_flushed(H).numpy(), expected)
+    np.testing.assert_array_equal(dense.float32_flushed(H.T).numpy(), expected.T)
+    assert dense.float32_flushed(H)[0, 1:7].ne(0).tolist() == [False, False, False, False, True, True]
+
+    x = torch.linspace(0.0, 15.0, 300, dtype=torch.float64).unsqueeze(1)
+    K = torch.exp(-0.5 * (x - x.T) ** 2) + 1e-3 * torch.eye(300, dtype=torch.float64)
+    assert float(K.min()) < 1e-45
+    L, info = cholesky_ex(dense.float32_flushed(K))
+    tiny = torch.finfo(torch.float32).tiny
+    assert int(info) == 0 and not bool(((L.abs() < tiny) & (L != 0)).any())
+    R = torch.randn(300, 1, generator=g, dtype=torch.float64)
+    X = RefinedCholesky(L, lambda R, X: R - K @ X, refinements=8, refined=0.0).solve(R)
+    reference = np.linalg.solve(K.numpy(), R.numpy())
+    np.testing.assert_allclose(X.numpy(), reference, rtol=0, atol=1e-11 * np.abs(reference).max())
