@@ -142,7 +142,8 @@ def test_exact_newton_logistic_is_scikit_learn_logistic_regression_in_a_few_prim
                  c=torch.full((len(y),), C, dtype=F64), kernel=kernel, options=SolverOptions(tol=1e-14, max_iter=50),
                  solver="auto")
     assert m.extra["solver"] == "newton" and m.result.status == "converged" and m.result.n_iter <= 10
-    assert len(mixed_solves) == (m.result.n_iter if mixed else 0)
+    # (one solve per iteration, and one more for the step that settles the iterate once the gap is met)
+    assert (m.result.n_iter <= len(mixed_solves) <= m.result.n_iter + 1) if mixed else not mixed_solves
     K = kernel(torch.as_tensor(X), torch.as_tensor(X))
     L = torch.linalg.cholesky(K + 1e-10 * torch.eye(len(y), dtype=F64)).numpy()
     sk = LogisticRegression(C=C, fit_intercept=False, tol=1e-12, max_iter=10000).fit(L, y)
@@ -289,7 +290,8 @@ def test_feature_newton_exact_hessian_takes_one_cg_step_per_newton_step_to_cvxpy
     sketch = fits[8]
     for exact in (fits[M], fits[None]):
         passes_per_step = exact.history[-1]["passes"] / exact.n_iter
-        assert passes_per_step <= 4.0 < sketch.history[-1]["passes"] / sketch.n_iter
+        # (3-4 a step; the odd step takes one more pass: 45 in 11 steps with numpy 2.4, scipy 1.17; the sketch 19-29)
+        assert passes_per_step <= 4.5 < 10.0 < sketch.history[-1]["passes"] / sketch.n_iter
 
 
 def test_hinge_on_kept_features_is_solved_by_the_working_set_start_to_cvxpys_optimum():
@@ -1054,19 +1056,21 @@ def test_working_set_block_gathered_from_the_cached_rows_is_the_kernels():
     cache(torch.arange(0, 200, 2))  # the even rows
     B = torch.arange(0, 120, 2)
     first = rows.block(B)  # every row at hand: gathered
-    torch.testing.assert_close(first, K[B][:, B], rtol=0, atol=1e-15)
+    # (to rounding: the blocks from the points differ from K's by a few units in the last place, 1.8e-15 on the
+    # diagonal of ones)
+    torch.testing.assert_close(first, K[B][:, B], rtol=0, atol=1e-14)
     B2 = torch.cat([torch.arange(0, 100, 2), torch.tensor([1, 3])])  # two rows missing: formed, then gathered
     second = rows.block(B2)
     assert bool(cache.have[B2].all()) and second.data_ptr() == first.data_ptr()
-    torch.testing.assert_close(second, K[B2][:, B2], rtol=0, atol=1e-15)
+    torch.testing.assert_close(second, K[B2][:, B2], rtol=0, atol=1e-14)
     B3 = torch.arange(101, 181, 2)  # 40 of 40 rows missing: evaluated from the points, no row formed
     third = rows.block(B3)
     assert not bool(cache.have[B3].any())
-    torch.testing.assert_close(third, K[B3][:, B3], rtol=0, atol=1e-15)
+    torch.testing.assert_close(third, K[B3][:, B3], rtol=0, atol=1e-14)
     cache(torch.arange(1, 150, 2))  # all but 25 rows: the whole matrix is the cache's buffer itself
     whole = rows.block(torch.arange(200))
     assert whole.data_ptr() == cache.buffer.data_ptr() and bool(cache.have.all())
-    torch.testing.assert_close(whole, K, rtol=0, atol=1e-15)
+    torch.testing.assert_close(whole, K, rtol=0, atol=1e-14)
 
 
 def test_working_set_under_max_memory_gives_the_same_model(monkeypatch):
@@ -1484,7 +1488,8 @@ def test_active_set_certificate_is_that_of_its_model_at_a_large_c(C):
     a = m.result.alpha[:, 0].numpy()
     f = K @ a
     own = 0.5 * a @ f + C * np.maximum(0.0, 1.0 - y * f).sum()
-    assert m.result.primal == pytest.approx(own, rel=1e-12)
+    # (to the rounding of f = K a, |a| up to C: 1.3e-12 at C = 10^4 between two float64 products)
+    assert m.result.primal == pytest.approx(own, rel=1e-10)
     assert m.result.status == "converged" and m.result.rel_gap <= 1e-10, (m.result.status, m.result.rel_gap)
     assert own == pytest.approx(cvxpy_primal("hinge", K, y, c.numpy()), rel=1e-7)
 
