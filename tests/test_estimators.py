@@ -459,11 +459,11 @@ def test_exact_logistic_warm_started_from_a_far_c_reaches_its_certified_optimum(
     # step fails
     failed, real_step = [], ne._Column.primal_step
 
-    def first_step_fails(col):
+    def first_step_fails(col, **kwargs):
         if not failed:
             failed.append(True)
             return False
-        return real_step(col)
+        return real_step(col, **kwargs)
 
     est.set_params(C=8.0).fit(X, y)
     monkeypatch.setattr(ne._Column, "primal_step", first_step_fails)
