@@ -285,8 +285,13 @@ def float32_flushed(H: torch.Tensor) -> torch.Tensor:
     with the small entries cleared (float64: 176 ms). The clearing is a compiled pass over the float32 copy on the
     CPU (5 ms at n = 4000, where the conversion takes 17 ms); elsewhere, or without numba, a pass over chunks of about
     :data:`FLUSH_ELEMENTS` entries."""
-    H32 = H.to(torch.float32)
-    floor = torch.finfo(torch.float32).eps ** 2 * float(H.diagonal().abs().max()) if H.numel() else 0.0
+    return flush_small_(H.to(torch.float32))
+
+
+def flush_small_(H32: torch.Tensor) -> torch.Tensor:
+    """The square float32 matrix ``H32`` with its entries below ``eps_32^2 max_i |H_ii|`` set to zero, in place
+    (:func:`float32_flushed`); returns it."""
+    floor = torch.finfo(torch.float32).eps ** 2 * float(H32.diagonal().abs().max()) if H32.numel() else 0.0
     if _flush_compiled is not None and H32.device.type == "cpu" and H32.is_contiguous() and not H32.requires_grad:
         _flush_compiled(H32.view(-1).numpy(), numpy.float32(floor))
         return H32

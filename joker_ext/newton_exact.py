@@ -73,7 +73,7 @@ import torch
 
 from .active_set import active_set
 from .dense import (MIXED_CONTRACTION, MIXED_PRECISION_MIN, RefinedCholesky, cholesky_ex, cholesky_shifted,
-                    cholesky_solve, rows_product, submatrix)
+                    cholesky_solve, flush_small_, rows_product, submatrix)
 from .engines import Monitor, at_rounding_floor, exact_compute_dtype, register_solver, sigint_as_flag, start_intercept
 from .intercept import feasible_dual
 from .losses import Loss
@@ -110,11 +110,13 @@ SETTLED_MOVE = 1e-8
 
 def _scaled_system(K: torch.Tensor, root: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``I + diag(root) K diag(root)`` in ``dtype`` (a copy of ``K`` scaled in place: three passes over ``n^2``
-    numbers, no temporary of that size)."""
+    numbers, no temporary of that size); in float32 without its entries below ``eps_32^2`` of its diagonal
+    (:func:`~joker_ext.dense.flush_small_`: subnormal numbers in the factor made logistic regression on flights,
+    n = 4000, take 1.7-1.9 s against 0.9-1.0 s)."""
     B = K.to(dtype=dtype, copy=True)
     r = root.to(dtype)
     B.mul_(r.unsqueeze(1)).mul_(r.unsqueeze(0)).diagonal().add_(1.0)
-    return B
+    return flush_small_(B) if dtype == torch.float32 else B
 
 
 class _Column:

@@ -283,6 +283,7 @@ def test_float32_flushed_is_the_float32_rounding_less_the_entries_below_eps32_sq
     expected = np.where(np.abs(H.numpy()) < floor, 0.0, H.numpy()).astype(np.float32)
     np.testing.assert_array_equal(dense.float32_flushed(H).numpy(), expected)
     np.testing.assert_array_equal(dense.float32_flushed(H.T).numpy(), expected.T)
+    np.testing.assert_array_equal(dense.flush_small_(H.to(torch.float32)).numpy(), expected)
     assert dense.float32_flushed(H)[0, 1:7].ne(0).tolist() == [False, False, False, False, True, True]
 
     x = torch.linspace(0.0, 15.0, 300, dtype=torch.float64).unsqueeze(1)
