@@ -133,17 +133,23 @@ def test_smo_phase_from_a_warm_start_keeps_its_sum_and_only_decreases_the_object
     assert _objective(K, col, a.numpy()) <= best + 1e-8 * abs(best)
 
 
+def _rows_the_loop_may_form(n: int, d: int, held: int) -> int:
+    """The budget of the loop's row former on ``n`` Gaussian points of ``d`` dimensions with the cache holding the
+    first ``held`` rows."""
+    X = torch.as_tensor(np.random.default_rng(0).standard_normal((n, d)))
+    op = ExactOperator(GaussianKernel(float(np.sqrt(d))), BlockData(X, F64, torch.device("cpu")))
+    cache = _ColumnCache(op, n, F64, torch.device("cpu"))
+    cache(torch.arange(held))
+    return int(smo._row_former(cache).left[0])
+
+
 @pytest.mark.parametrize("d", [5, 30, 61, 300])
 def test_the_loop_forms_rows_without_limit_up_to_form_max_dim_then_up_to_its_share_then_a_falling_share(d):
     """Up to ``FORM_MAX_DIM`` dimensions the loop may form every row; up to ``FORM_SHARE_MAX_DIM`` it may form
     ``FORM_SHARE n`` rows less those the cache holds; beyond, ``FORM_SHARE_HIGH_DIM FORM_SHARE_MAX_DIM n / d`` less
     those (none when the cache holds more)."""
     n = 200
-    X = torch.as_tensor(np.random.default_rng(0).standard_normal((n, d)))
-    op = ExactOperator(GaussianKernel(float(np.sqrt(d))), BlockData(X, F64, torch.device("cpu")))
-    cache = _ColumnCache(op, n, F64, torch.device("cpu"))
-    cache(torch.arange(10))  # ten rows held
-    left = int(smo._row_former(cache).left[0])
+    left = _rows_the_loop_may_form(n, d, held=10)
     if d <= smo.FORM_MAX_DIM:
         assert left >= n
     elif d <= smo.FORM_SHARE_MAX_DIM:
@@ -161,11 +167,7 @@ def test_points_beyond_a_cores_cache_leave_the_loop_a_small_share_of_rows(monkey
     ``FORM_MAX_DIM`` the loop still forms every row."""
     n = 200
     monkeypatch.setattr(smo, "_core_cache_bytes", lambda: 4096)
-    X = torch.as_tensor(np.random.default_rng(0).standard_normal((n, d)))
-    op = ExactOperator(GaussianKernel(float(np.sqrt(d))), BlockData(X, F64, torch.device("cpu")))
-    cache = _ColumnCache(op, n, F64, torch.device("cpu"))
-    cache(torch.arange(2))  # two rows held
-    left = int(smo._row_former(cache).left[0])
+    left = _rows_the_loop_may_form(n, d, held=2)
     if d <= smo.FORM_MAX_DIM:
         assert left >= n
     else:
