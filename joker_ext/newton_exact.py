@@ -283,9 +283,11 @@ class _Column:
         C = 0.06 and 0.23, 12.0 -> 8.3 s and 13.9 -> 9.7 s; C = 776, 47.4 -> 32.6 s; the same iteration counts and
         primal objectives to 14 digits.
 
-        The last float32 factor is kept; with ``reuse`` it serves this system too (the settling step, whose weights
-        differ from the last step's by about that step's relative move: the refinements contract by as much), with
-        a float64 factorisation only where its refinements stop short (n = 4000: 40-60 ms against 300 ms)."""
+        The last float32 factor is kept (by one column at a time: :func:`exact_newton` drops the others' before a
+        step, so that several target columns hold no more than one); with ``reuse`` it serves this system too (the
+        settling step, whose weights differ from the last step's by about that step's relative move: the
+        refinements contract by as much), and a factorisation only where there is none or its refinements stop short
+        (n = 4000: 40-60 ms against 300 ms)."""
         K = self.K
         if reuse and self._factor32 is not None:
             X = self._refined(self._factor32, root, V)
@@ -473,6 +475,9 @@ def exact_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options
                 for t, col in enumerate(columns):
                     if col.stalled or rec["column_rel_gap"][t] <= opts.tol:
                         continue
+                    # one column's float32 factor is kept at a time (the last to step; 4 n^2 bytes each)
+                    for other in columns:
+                        other._factor32 = None
                     # a failed step with smoothing left: smooth less and go on
                     col.stalled = not col.step() and not col.smoothing.update(0.0, 1.0)
                 it += 1
