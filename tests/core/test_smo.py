@@ -233,6 +233,45 @@ def test_partner_scan_picks_the_first_coordinate_of_largest_second_order_gain(sh
         assert smo._partner(g, down_off, diag, h, Ri, qi, dp_i, tau, act, n_act, np.empty(n)) == expected
 
 
+def _costs(rng, n: int, trial: int):
+    """A gradient and offsets with blocked directions (``up_off = inf`` at the upper bound, ``down_off = -inf`` at
+    the lower one), every direction blocked in some trials, and exact ties in others."""
+    g = rng.standard_normal(n)
+    up_off = np.where(rng.random(n) < 0.3, np.inf, rng.choice([-0.1, 0.1], n))
+    down_off = np.where(rng.random(n) < 0.3, -np.inf, np.minimum(up_off, rng.choice([-0.1, 0.1], n)))
+    if trial % 5 == 0:  # ties: the first of equals
+        g[n // 2:] = g[: n - n // 2]
+        up_off[n // 2:] = up_off[: n - n // 2]
+        down_off[n // 2:] = down_off[: n - n // 2]
+    if trial % 7 == 3:  # every coordinate at its upper bound: nothing can move up
+        up_off[:] = np.inf
+    return g, up_off, down_off
+
+
+def test_in_order_scans_pick_the_first_coordinate_of_cheapest_move_up_and_of_largest_single_gain():
+    """The two-pass scans over all coordinates in order against numpy: ``i`` the first coordinate of smallest
+    ``g_k + up_off_k`` (-1 when every move up is blocked), ``dp_i`` that cost, ``dm_max`` the largest ``g_k +
+    down_off_k``; without an intercept also ``s``, the first coordinate of largest ``w_k^2 / max(Q_kk, tau)`` with
+    ``w_k = max(-min(g_k + up_off_k, 0), max(g_k + down_off_k, 0))`` (-1 when no coordinate violates its condition),
+    and the largest violation ``max w_k``."""
+    rng = np.random.default_rng(4)
+    n = 1003  # (not a multiple of the scans' four or eight running extremes)
+    for trial in range(60):
+        g, up_off, down_off = _costs(rng, n, trial)
+        diag, h = rng.uniform(0.5, 1.5, n), np.full(n, 0.2 * (trial % 2))
+        if trial % 5 == 0:
+            diag[n // 2:] = diag[: n - n // 2]
+        tau = 1e-12 * float(diag.mean())
+        up, down = g + up_off, g + down_off
+        i = int(np.argmin(up)) if np.isfinite(up.min()) else -1
+        assert smo._cheapest_up_in_order(g, up_off, down_off, n) == (i, up.min(), down.max())
+        worst = np.maximum(-np.minimum(up, 0.0), np.maximum(down, 0.0))
+        gain = worst ** 2 / np.maximum(diag + h, tau)
+        s = int(np.argmax(gain)) if gain.max() > 0 else -1
+        out = smo._worst_single_and_cheapest_up_in_order(g, up_off, down_off, diag, h, tau, n, np.empty(n))
+        assert out == (s, worst.max(), i, up.min(), down.max())
+
+
 def test_smo_phase_keeps_its_budget():
     """A passed deadline or an interrupt takes no step; ``max_steps`` bounds the steps."""
     cache, diag, col, K = _box_qp("hinge", True)
