@@ -53,6 +53,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from .box_sets import FREE, LOWER, UPPER, ZERO
 from .defaults import CONVERGENCE_WARN_GAP
 from .dense import cholesky_shifted, rows_product, scipy_blas_on_one_thread, submatrix
 from .engines import (Monitor, at_rounding_floor, exact_compute_dtype, register_solver, sigint_as_flag, start_intercept,
@@ -187,7 +188,6 @@ def next_sigma(sigma: float, steps: Optional[int], floor: float) -> float:
         return max(floor, sigma / 10.0)
     return sigma
 
-FREE, LOWER, UPPER, ZERO = 0, 1, 2, 3
 #: ``sum a`` meets its target when within this many units of rounding of ``sum |a|`` (or 1e-10 of it, the larger).
 BALANCE_ROUNDING = 1000.0
 

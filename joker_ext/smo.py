@@ -77,6 +77,7 @@ try:  # optional: the phase is skipped without it
 except ImportError:  # pragma: no cover - numba is a dependency; this keeps the engine usable without it
     numba = None
 
+from .box_sets import FREE
 from .kernel_rows import NONE as NO_FORMER, RowFormer, form_row, forms_rows, no_row_former, row_former
 
 __all__ = ["smo_available", "smo_phase", "smo_columns"]
@@ -873,7 +874,7 @@ def smo_phase(cache, diag: torch.Tensor, column, a: torch.Tensor, *, tol: float,
         elif taken >= round_end:
             now = column.status(a)[0]
             if int((now != sets).sum()) < settled * round_steps and \
-                    _free_count(a_np, lo, hi, kink) >= SETTLE_MIN_FREE * round_steps:
+                    int((now == FREE).sum()) >= SETTLE_MIN_FREE * round_steps:
                 break
             round_end, sets = taken + round_steps, now
     if block is not None:
@@ -881,12 +882,6 @@ def smo_phase(cache, diag: torch.Tensor, column, a: torch.Tensor, *, tol: float,
     if product is not None:
         product.copy_(torch.from_numpy(g + lin - h * a_np))
     return taken
-
-
-def _free_count(a, lo, hi, kink: float) -> int:
-    """How many coordinates are free: strictly inside their box and, with a kink, off it."""
-    inside = (a > lo) & (a < hi)
-    return int(np.count_nonzero(inside & (a != 0.0) if kink else inside))
 
 
 def _compact_below(m: int) -> int:

@@ -101,8 +101,9 @@ from typing import Optional
 
 import torch
 
-from .active_set import (FREE, MAX_INNER, SIGMA_FLOOR, SIGMA_START, GapStall, _Column, box_qp_inputs,
-                         merge_duplicate_rows, next_sigma, outer_loop, supports_active_set)
+from .active_set import (SIGMA_FLOOR, SIGMA_START, GapStall, _Column, box_qp_inputs, merge_duplicate_rows, next_sigma,
+                         outer_loop, supports_active_set)
+from .box_sets import FREE
 from .defaults import FILL_ELEMENTS, WORKING_SET_DTYPE
 from .dense import cholesky_shifted, prefault_, rows_product, scipy_blas_on_one_thread, submatrix
 from .interior_point import solve_box_qp

@@ -171,7 +171,8 @@ def test_polish_refines_an_inexact_step_to_the_dense_solves_accuracy(monkeypatch
     coordinates, proximal weight 1e-4 (condition number of ``H_FF`` about 1e4). With a residual test that never
     passes (``fallback``) it ends in a fresh factorisation, to the same accuracy."""
     import joker_ext.active_set as act
-    from joker_ext.active_set import FREE, _Column
+    from joker_ext.active_set import _Column
+    from joker_ext.box_sets import FREE
     from joker_ext.losses import get_loss
 
     n = 400
