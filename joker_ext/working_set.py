@@ -380,6 +380,15 @@ def _violates(idx: torch.Tensor, bounds, b: float) -> bool:
     return bool(_violating(lower[idx], upper[idx], b).any())
 
 
+def _violates_outside(B: torch.Tensor, bounds, b: float) -> bool:
+    """:func:`_violates` for the coordinates outside ``B``: after an exact solve of ``B``'s subproblem, none violates
+    only when ``B``'s solution is the whole problem's, and every later working set then adds only coordinates that do
+    not violate (the next subproblem would repeat this one)."""
+    outside = torch.ones(bounds[0].numel(), dtype=torch.bool, device=B.device)
+    outside[B] = False
+    return _violates(torch.nonzero(outside).reshape(-1), bounds, b)
+
+
 def _best_intercept(bounds, b_sub: float) -> float:
     """An intercept for the certificate from ``bounds = (l, u)`` (:meth:`_Column.intercept_bounds`): the
     middle of ``[max l, min u]`` when it is not empty, else the subproblem's multiplier clipped into the
@@ -603,6 +612,7 @@ def _decompose(src: _KernelRows, columns, loss: Loss, Y, c_col, alpha, F, interc
     b_sub = b_all.tolist()
 
     def solve_column(t: int, col: _Column) -> None:
+        done[t] = False
         a = alpha[:, t]
         is_free = _free(col, a)
         n_free = int(is_free.sum())
@@ -658,22 +668,28 @@ def _decompose(src: _KernelRows, columns, loss: Loss, Y, c_col, alpha, F, interc
         bounds[t] = col.intercept_bounds(a, F[:, t] + col.h * a - col.lin)
         if intercept:
             b_all[t] = _best_intercept(bounds[t], b_sub[t])
+        # solved exactly, with no coordinate outside B violating its conditions now: the next working set can only
+        # repeat this one (the stop rule need not wait an outer iteration to see it)
+        done[t] = exact[t] and not _violates_outside(B, bounds[t], float(b_all[t]))
 
     exact = [False] * T
     # each column's relative gap, its quick steps' failures in a row and the gap at the last one
     gaps, quick_fails, quick_failed_at = [1.0] * T, [0] * T, [1.0] * T
     stall = GapStall(opts.tol, dtype, c_col)
     repeat, last_set = [False] * T, [None] * T
+    # whether the column's last subproblem was one its next working set can only repeat (set by solve_column)
+    done = [False] * T
     # each column's free-block factor, kept from one subproblem to the next (near the solution the free set
     # changes little between them)
     factors = [FreeFactor(cholesky_shifted) for _ in range(T)]
 
     def at_floor(rec: dict) -> Optional[str]:
         gaps[:] = rec["column_rel_gap"]
-        # every open column's working set repeats the one it solved exactly: no further progress is representable;
-        # else the gap's stall test, counting iterations whose subproblems were all solved exactly
+        # every open column's working set repeats the one it solved exactly (or can only repeat it: ``done``): no
+        # further progress is representable; else the gap's stall test, counting iterations whose subproblems were
+        # all solved exactly
         still_open = [t for t in range(T) if rec["column_rel_gap"][t] > opts.tol]
-        if all(repeat[t] for t in still_open) and at_rounding_floor(rec["rel_gap"], opts.tol, dtype):
+        if all(repeat[t] or done[t] for t in still_open) and at_rounding_floor(rec["rel_gap"], opts.tol, dtype):
             return "converged"
         return stall(rec, all(exact[t] for t in still_open), alpha, src.matmul)
 

@@ -624,9 +624,11 @@ def test_first_subproblem_after_the_smo_phase_finishes_by_active_set_steps_that_
 
 def test_a_working_set_that_adds_no_violator_after_an_exact_solve_is_not_solved_again(monkeypatch):
     """optdigits (class 0 against the rest, n = 4000, C = 10): the first subproblem after the SMO phase is solved
-    exactly at a gap of 2e-14; the next working set differs from it by one filler, a coordinate that satisfies its
+    exactly at a gap of 1e-14; the next working set differs from it by one filler, a coordinate that satisfies its
     optimality condition. That set poses the same subproblem: the fit ends without solving it (when only an equal set
-    counted as the same, it was solved a second time). The model is SVC's (tol 1e-10)."""
+    counted as the same, it was solved a second time), and without an outer iteration to find that out (no
+    coordinate outside the solved set violates its conditions: the fit stops at the certificate after the solve).
+    The model is SVC's (tol 1e-10)."""
     from sklearn.svm import SVC
     from joker_ext import JokerClassifier
     from joker_ext.comparisons.datasets import load
@@ -641,7 +643,7 @@ def test_a_working_set_that_adds_no_violator_after_an_exact_solve_is_not_solved_
     solved = []
     subproblem = ws._subproblem
     monkeypatch.setattr(ws, "_subproblem", lambda *args: solved.append(1) or subproblem(*args))
-    counts = []
+    counts, iterations = [], []
     for rule in ("violators", "equal sets"):
         if rule == "equal sets":
             monkeypatch.setattr(ws, "_violates", lambda idx, bounds, b: idx.numel() > 0)
@@ -649,6 +651,8 @@ def test_a_working_set_that_adds_no_violator_after_an_exact_solve_is_not_solved_
         est = JokerClassifier(loss="hinge", C=10.0, gamma=gamma, fit_intercept=True).fit(X, y)
         assert est.status_ == "converged" and est.relative_gap_ <= 1e-13
         counts.append(len(solved))
+        iterations.append(est.n_iter_)
     assert counts == [1, 2]
+    assert iterations[0] == 1
     svc = SVC(C=10.0, gamma=gamma, tol=1e-10).fit(X, y)
     np.testing.assert_allclose(est.decision_function(X[:200]), svc.decision_function(X[:200]), atol=1e-5)
