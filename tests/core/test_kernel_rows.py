@@ -65,7 +65,8 @@ def test_form_row_matches_the_kernel_in_extended_precision(kernel, d):
     """Every family, a bandwidth per dimension and an output scale: each formed row within a few units of rounding
     of the exact value where that is above 1e-300 (relative ``8 eps (1 + |log k / s|)``: the exponential passes on
     the rounding of its argument times the argument), its diagonal exactly the output scale, and within 1e-13 of
-    the kernel's own torch blocks (which use the Gram form of the distances)."""
+    the kernel's own torch blocks (which use the Gram form of the distances); the former's points are ``x / sigma``
+    to the last bit."""
     if np.finfo(np.longdouble).nmant < 63:
         pytest.skip("no extended precision on this platform")
     if kernel.is_ard:
@@ -87,7 +88,9 @@ def test_form_row_matches_the_kernel_in_extended_precision(kernel, d):
         assert np.all(rel <= 8 * np.finfo(np.float64).eps * (1 + np.abs(np.log(value[big] / kernel.outputscale))))
         assert row[i] == kernel.outputscale
         assert np.abs(row - torch_rows[r]).max() <= 1e-13 * kernel.outputscale
-    assert row_former(kernel, Xt).points.shape == (d, 300)
+    # the points by dimension: numpy's quotients x / sigma (correctly rounded), transposed
+    np.testing.assert_array_equal(former.points, (X / kernel.sigma.numpy()).T)
+    assert former.points.shape == (d, 300) and former.points.flags.c_contiguous
 
 
 def test_row_former_declines_kernels_it_cannot_form():
