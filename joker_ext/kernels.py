@@ -369,15 +369,20 @@ class StationaryKernel(SpectralKernel):
         """True when ``sigma`` has one entry per dimension."""
         return self.sigma.dim() == 1 and self.sigma.numel() > 1
 
-    def scale_inputs(self, X: torch.Tensor) -> torch.Tensor:
-        """Return ``X / sigma`` (per dimension when ``sigma`` is a vector)."""
-        sigma = self.sigma.to(device=X.device, dtype=X.dtype)
-        if sigma.dim() == 1 and sigma.numel() > 1 and sigma.numel() != X.shape[1]:
+    def bandwidths(self, d: int, dtype: torch.dtype, device) -> torch.Tensor:
+        """``sigma`` for inputs of ``d`` features, in ``dtype`` on ``device``: a scalar, or one bandwidth per feature;
+        a ValueError when a vector of bandwidths has another length."""
+        sigma = self.sigma.to(device=device, dtype=dtype)
+        if sigma.dim() == 1 and sigma.numel() > 1 and sigma.numel() != d:
             raise ValueError(
-                f"sigma has {sigma.numel()} entries but the data have {X.shape[1]} features; "
+                f"sigma has {sigma.numel()} entries but the data have {d} features; "
                 "pass a scalar or one bandwidth per feature"
             )
-        return X / sigma
+        return sigma
+
+    def scale_inputs(self, X: torch.Tensor) -> torch.Tensor:
+        """Return ``X / sigma`` (per dimension when ``sigma`` is a vector)."""
+        return X / self.bandwidths(X.shape[1], X.dtype, X.device)
 
     def profile(self, r: torch.Tensor) -> torch.Tensor:
         """Kernel value as a function of the scaled distance ``r`` (without the output scale)."""

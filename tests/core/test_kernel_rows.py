@@ -93,6 +93,16 @@ def test_form_row_matches_the_kernel_in_extended_precision(kernel, d):
     assert former.points.shape == (d, 300) and former.points.flags.c_contiguous
 
 
+def test_row_former_refuses_bandwidths_of_another_length_as_the_kernel_does():
+    """A vector of bandwidths whose length is not the inputs' dimension: the former raises the kernel's own error
+    (it names sigma and both lengths), not a broadcasting error."""
+    X = torch.randn(20, 3, dtype=torch.float64)
+    kernel = GaussianKernel([0.5, 1.0])
+    for call in (lambda: kernel.scale_inputs(X), lambda: row_former(kernel, X)):
+        with pytest.raises(ValueError, match="sigma has 2 entries but the data have 3 features"):
+            call()
+
+
 def test_row_former_declines_kernels_it_cannot_form():
     """Kernels other than the stationary families (a callable, a rational quadratic, a sum) keep the blocks."""
     X = torch.randn(20, 3, dtype=torch.float64)
