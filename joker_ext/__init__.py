@@ -103,3 +103,8 @@ _expose_source_adapters()
 # joker_ext.adapters registers the translator of other libraries' kernel objects (scikit-learn, Falkon, GPyTorch)
 # with joker_ext.kernels; importing it here imports none of those libraries.
 from . import adapters  # noqa: E402,F401
+
+# numba's compiled loops are read (or, once per installation, compiled) now rather than inside the first fit
+from .compiled import load_unless_lazy  # noqa: E402
+
+load_unless_lazy()

@@ -1,0 +1,65 @@
+"""The compiled loops are loaded at import, with the very types the fits call them with (joker_ext.compiled).
+
+Each check runs in a fresh interpreter: numba's dispatchers only ever gain signatures, so what this test process
+did before would hide a missing one. In one interpreter the loops are left to their first call
+(``JOKER_EXT_LAZY_LOAD=1``) and a handful of fits (hinge with and without an intercept, with blocks of shrunk
+coordinates and rows from the cache; epsilon-insensitive; squared loss with its float32 factor; one-vs-rest on
+threads) record what they compile; in another, joker_ext is only imported. Every signature the fits needed must be
+among those the import loaded: otherwise the first fit of a process reads or compiles machine code after all.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("numba")
+
+CHILD = r"""
+import json, sys
+import joker_ext
+from joker_ext import dense, kernel_rows, smo
+from numba.core.dispatcher import Dispatcher
+
+if sys.argv[1] == "fits":
+    from sklearn.datasets import make_classification, make_regression
+    from joker_ext import JokerClassifier, JokerRegressor
+
+    X, y = make_classification(n_samples=1200, n_features=30, n_informative=10, random_state=0)
+    for intercept in (True, False):
+        JokerClassifier(loss="hinge", C=10.0, fit_intercept=intercept).fit(X, y)
+    X, y = make_regression(n_samples=1200, n_features=6, noise=1.0, random_state=0)
+    y = y / y.std()
+    JokerRegressor(loss="epsilon_insensitive", C=10.0, epsilon=0.1, fit_intercept=True).fit(X, y)
+    JokerRegressor(loss="squared", C=10.0).fit(X, y)
+    X, y = make_classification(n_samples=600, n_features=6, n_informative=4, n_classes=3, random_state=0)
+    JokerClassifier(loss="hinge", C=10.0, fit_intercept=True).fit(X, y)
+print(json.dumps({f"{m.__name__}.{k}": [str(s) for s in v.signatures] for m in (dense, kernel_rows, smo)
+                  for k, v in vars(m).items() if isinstance(v, Dispatcher)}))
+"""
+
+#: The loops the fits above call from Python (each must be used, or the test would prove nothing).
+CALLED = {"joker_ext.smo._pair_steps", "joker_ext.smo._free_sum_steps", "joker_ext.smo._add_rows",
+          "joker_ext.smo._unshrink", "joker_ext.dense._gather_compiled", "joker_ext.dense._flush_compiled",
+          "joker_ext.kernel_rows._transpose_divided"}
+
+
+def _signatures(what: str, lazy: bool) -> dict:
+    env = dict(os.environ, JOKER_EXT_LAZY_LOAD="1" if lazy else "0")
+    out = subprocess.run([sys.executable, "-c", CHILD, what], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_import_loads_every_loop_the_fits_call_with_their_types():
+    used = _signatures("fits", lazy=True)
+    loaded = _signatures("import", lazy=False)
+    assert CALLED <= {name for name, sigs in used.items() if sigs}
+    for name, sigs in used.items():
+        missing = set(sigs) - set(loaded[name])
+        assert not missing, f"{name}: the fits compiled {sorted(missing)}, which the import did not load"
+
+
+def test_lazy_load_leaves_the_loops_to_their_first_call():
+    assert not any(_signatures("import", lazy=True).values())
