@@ -16,6 +16,7 @@ loops to their first call instead (the import is then 0.14 s shorter and the fir
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 import torch
@@ -63,6 +64,13 @@ def _steps(former: kernel_rows.RowFormer) -> None:
 
 
 def load_unless_lazy() -> None:
-    """:func:`load`, unless the environment variable :data:`LAZY_LOAD_VARIABLE` is ``1``."""
-    if os.environ.get(LAZY_LOAD_VARIABLE, "") != "1":
+    """:func:`load`, unless the environment variable :data:`LAZY_LOAD_VARIABLE` is ``1``. Should numba fail to
+    compile or read a loop, the import goes on with a warning that says why (the estimators that do not call the
+    loops still work; those that do raise the error again when they call it)."""
+    if os.environ.get(LAZY_LOAD_VARIABLE, "") == "1":
+        return
+    try:
         load()
+    except Exception as error:  # (numba's errors have no common base class)
+        warnings.warn(f"joker_ext could not load its compiled loops ({type(error).__name__}: {error}); the exact "
+                      f"engines will try again when they call them", RuntimeWarning, stacklevel=2)

@@ -63,3 +63,15 @@ def test_the_import_loads_every_loop_the_fits_call_with_their_types():
 
 def test_lazy_load_leaves_the_loops_to_their_first_call():
     assert not any(_signatures("import", lazy=True).values())
+
+
+def test_a_loop_that_fails_to_load_warns_instead_of_breaking_the_import(monkeypatch):
+    from joker_ext import compiled, smo
+
+    def broken(*args):
+        raise RuntimeError("no machine code for this processor")
+
+    monkeypatch.setattr(smo, "_pair_steps", broken)
+    monkeypatch.delenv(compiled.LAZY_LOAD_VARIABLE, raising=False)
+    with pytest.warns(RuntimeWarning, match="could not load its compiled loops.*no machine code"):
+        compiled.load_unless_lazy()
