@@ -70,6 +70,8 @@ __all__ = ["merge_duplicate_rows", "active_set", "supports_active_set"]
 MAX_INNER = 15
 #: From this step of a round on, fewer coordinates may change their set at each step (halving).
 DAMP_AFTER = 4
+#: A round asked to abandon sets that ``stall`` does so at this step at the earliest (:meth:`_Column.round`).
+STALL_STEP = 5
 #: The fewest coordinates a damped step may move (the limit halves per step from the step's own changes down to this).
 #: 16 instead of 8: the working set's rounds on sets of mostly violators moved 8 coordinates a step while 50-100 had
 #: to move, ran out of steps and restarted at a larger weight (hinge and epsilon-insensitive, five problems, two data
@@ -352,15 +354,19 @@ class _Column:
         return lower.masked_fill_(at_hi | self._fixed, -math.inf), upper.masked_fill_(at_lo | self._fixed, math.inf)
 
     def round(self, a, f, b: float, abar, s, code=None, sgn=None, value=None, max_steps: int = MAX_INNER,
-              shrink: Optional[float] = None):
+              shrink: Optional[float] = None, stall: Optional[float] = None):
         """Solve one proximal round exactly. Returns ``(a, f, b, steps, sets)`` or None when the sets do not
         settle within ``max_steps`` active-set steps, or, with ``shrink``, as soon as a step changes the sets of
         more than ``shrink`` times as many coordinates as the step before (the changes of a round that settles
         shrink fast; of one that does not, they do not shrink). A round with ``shrink`` is not damped: damping
         holds back changes, so they shrink slowly whether the round settles or not (hinge, n = 4000, gamma = 0.5:
-        rounds abandoned at 33, 25, 22 changes settled undamped in three more steps)."""
+        rounds abandoned at 33, 25, 22 changes settled undamped in three more steps). With ``stall``, a round is
+        abandoned (None) at step :data:`STALL_STEP` or later when that step still changes the sets of more than
+        ``stall`` times as many coordinates as its first step (and more than :data:`FEW_CHANGES`): rounds that
+        settle shed their changes (37, 34, 26, 21, 16, 11, 5, 1, 0), those that do not keep them (99, 89, 89, 83,
+        85, 88, 104, ... to the step limit)."""
         seen = []
-        last_changes = None
+        last_changes = first_changes = None
         self.unsettled_sets = None
         for step in range(1, max_steps + 1):
             if code is None:
@@ -383,6 +389,9 @@ class _Column:
             if shrink is not None and last_changes is not None and changes > max(shrink * last_changes, FEW_CHANGES):
                 return None
             last_changes = changes
+            first_changes = changes if first_changes is None else first_changes
+            if stall is not None and step >= STALL_STEP and changes > max(stall * first_changes, FEW_CHANGES):
+                return None
             if step >= DAMP_AFTER and shrink is None:  # damped: only the largest violations change sets
                 floor = max(DAMP_FLOOR, int(DAMP_SHARE * int((code == FREE).sum())))
                 new_code, new_sgn, new_value = self._damped(changed, code, sgn, value, new_code, new_sgn, new_value,

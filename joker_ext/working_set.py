@@ -119,7 +119,7 @@ __all__ = ["working_set", "supports_working_set"]
 
 #: Settled proximal rounds per subproblem.
 SUB_ROUNDS = 3
-#: Tenfold increases of the proximal weight a subproblem may make when its active sets cycle.
+#: Increases (by :data:`ESCALATE`) of the proximal weight a subproblem may make when its active sets cycle.
 MAX_ESCALATIONS = 6
 #: The working set holds at most this many times ``q`` coordinates.
 MAX_SET_FACTOR = 2
@@ -160,8 +160,20 @@ MOSTLY_FREE_VIOLATORS = 0.1
 FLOOR_DECAY = 3.0
 #: Proximal weight (times the kernel's diagonal) at which a cycling subproblem falls back to projected Newton.
 SIGMA_CEILING = 10.0
-#: Factor by which a subproblem raises its proximal weight when its active sets cycle.
-ESCALATE = 3.0
+#: Factor by which a subproblem raises its proximal weight when its active sets cycle (or stall: :data:`STALL`).
+#: 10 instead of 3, with :data:`STALL`: make_moons (n = 4000, hinge) at C = 10 and 10x 'scale', whose rounds at
+#: proximal weights 1e-8 to 7e-6 each ran 15 steps without settling before one at 2e-5 did, 0.81x the fit's time;
+#: make_circles at C = 1000 and 10x 'scale' 0.87x; make_moons at C = 1000 0.98x; 22 other problems (hinge,
+#: epsilon-insensitive, absolute and pinball, n = 4000) the same iterates.
+ESCALATE = 10.0
+#: A subproblem's proximal round is abandoned (and the weight escalated) once a step from the fifth on still changes
+#: the sets of more than this share of the coordinates its first step changed (:meth:`_Column.round`'s ``stall``).
+STALL = 0.75
+#: Subproblems of a column whose interior-point solution would not snap to its active sets (degenerate coordinates)
+#: this many times go straight to the proximal rounds: the interior point then took 14-18 ms of a 200-coordinate
+#: subproblem that the rounds from the same start solve in 3-6 ms (make_circles, C = 1000, 10x 'scale': 0.85x the
+#: fit's time; make_moons at C = 10, 10x 'scale', 0.97x; the rest unchanged).
+SNAP_FAILURES = 1
 #: Relative complementarity of the interior-point subproblem solves (their answer is snapped to its active sets
 #: afterwards, so it need not be tight: 1e-8 instead of 1e-11 saved 2-6% of epsilon-insensitive and hinge fits).
 INTERIOR_POINT_TOL = 1e-8
@@ -466,14 +478,16 @@ def _interior_point(sub: _Column, K_BB, scale: float):
 
 
 def _subproblem(col: _Column, K_BB, B, a, f, b: float, sigma: float, floor: float, factor: FreeFactor,
-                mostly_free: bool, quick: bool = True, near: bool = False):
+                mostly_free: bool, quick: bool = True, near: bool = False, interior: bool = True):
     """Proximal active-set rounds on the block ``B`` (``K_BB`` its kernel block; ``factor`` the column's free-block
     factor, numbered as ``B``; ``mostly_free``: whether free coordinates make at least half of the working set that
     :func:`_select` chose; ``quick``: whether a mostly free set first tries the quick steps from its current sets;
     ``near``: whether ``a_B`` starts near the subproblem's solution, the first subproblem after the SMO phase, where a
     set of mostly violators tries the quick steps too); returns the new ``a_B``, the subproblem's intercept, the next
     proximal weight, the floor, whether ``a_B`` is the subproblem's exact solution (a round at the smallest weight
-    whose sets held at once), and whether a mostly free set's quick steps were tried and failed."""
+    whose sets held at once), whether a mostly free set's quick steps were tried and failed, and whether its
+    interior-point solution would not snap to its active sets. ``interior``: whether a mostly free set may go to the
+    interior point (:data:`SNAP_FAILURES`)."""
     aB = a[B]
     fB = K_BB @ aB
     sub = _Column(K_BB, K_BB.diagonal().clone(), col.loss, col.y[B], col.c[B], col.intercept,
@@ -492,12 +506,14 @@ def _subproblem(col: _Column, K_BB, B, a, f, b: float, sigma: float, floor: floa
         first = max(FIRST_FREE, int(QUICK_FIRST * free))
         done = _round_at_floor(sub, aB, fB, b, col.scale, QUICK_SHRINK_NEAR if near else QUICK_SHRINK, first)
         if done is not None:
-            return done[0], done[1], sigma, floor, True, False
+            return done[0], done[1], sigma, floor, True, False, False
     quick_failed = float64 and mostly_free and quick
-    if mostly_free and float64:
+    snap_failed = False
+    if mostly_free and float64 and interior:
         solved = _interior_point(sub, K_BB, col.scale)
         if solved is not None and solved[2]:
-            return solved[0], solved[1], sigma, floor, True, quick_failed
+            return solved[0], solved[1], sigma, floor, True, quick_failed, False
+        snap_failed = solved is not None
         if solved is not None:
             # its active sets would not snap (degenerate coordinates): the rounds start from its solution
             aB, b = solved[0], solved[1]
@@ -505,7 +521,7 @@ def _subproblem(col: _Column, K_BB, B, a, f, b: float, sigma: float, floor: floa
     sets, settled, exact = _first_sets(sub, aB, fB, b, sigma), 0, False
     rounds = SUB_ROUNDS if mostly_free else 1
     for _ in range(SUB_ROUNDS + MAX_ESCALATIONS):
-        out = sub.round(aB, fB, b, aB.clone(), sigma / sub.c, *(sets or (None, None, None)))
+        out = sub.round(aB, fB, b, aB.clone(), sigma / sub.c, *(sets or (None, None, None)), stall=STALL)
         if out is None:  # the sets cycle: a more diagonal round, same centre (cheap next to a fallback)
             if sigma >= SIGMA_CEILING * col.scale:  # diagonal enough and still cycling: monotone fallback
                 aB, fB, b = sub.newton_round(aB.clone(), fB.clone(), sigma / sub.c, aB.clone())
@@ -527,7 +543,7 @@ def _subproblem(col: _Column, K_BB, B, a, f, b: float, sigma: float, floor: floa
         if steps <= 1 or settled == rounds:
             break
     # the next subproblem starts near what settled here
-    return aB, b, max(sigma, floor / 10.0), floor, exact, quick_failed
+    return aB, b, max(sigma, floor / 10.0), floor, exact, quick_failed, snap_failed
 
 
 class _KernelRows:
@@ -652,8 +668,10 @@ def _decompose(src: _KernelRows, columns, loss: Loss, Y, c_col, alpha, F, interc
         if held is not None:
             factors[t].relabel(torch.searchsorted(B, held))
         quick = quick_fails[t] < QUICK_FAILURES or gaps[t] < quick_failed_at[t] / QUICK_RETRY_DROP
-        aB, b_sub[t], sigma[t], floor[t], exact[t], failed = _subproblem(
-            col, K_BB, B, a, F[:, t], b_sub[t], sigma[t], floor[t], factors[t], mostly_free, quick, near)
+        aB, b_sub[t], sigma[t], floor[t], exact[t], failed, snap_failed = _subproblem(
+            col, K_BB, B, a, F[:, t], b_sub[t], sigma[t], floor[t], factors[t], mostly_free, quick, near,
+            interior=snap_fails[t] < SNAP_FAILURES)
+        snap_fails[t] += snap_failed
         if failed:
             quick_fails[t], quick_failed_at[t] = quick_fails[t] + 1, gaps[t]
         elif quick and mostly_free:
@@ -673,8 +691,10 @@ def _decompose(src: _KernelRows, columns, loss: Loss, Y, c_col, alpha, F, interc
         done[t] = exact[t] and not _violates_outside(B, bounds[t], float(b_all[t]))
 
     exact = [False] * T
-    # each column's relative gap, its quick steps' failures in a row and the gap at the last one
+    # each column's relative gap, its quick steps' failures in a row and the gap at the last one; its interior-point
+    # solutions that would not snap
     gaps, quick_fails, quick_failed_at = [1.0] * T, [0] * T, [1.0] * T
+    snap_fails = [0] * T
     stall = GapStall(opts.tol, dtype, c_col)
     repeat, last_set = [False] * T, [None] * T
     # whether the column's last subproblem was one its next working set can only repeat (set by solve_column)

@@ -706,12 +706,82 @@ def _recorded_subproblem_sizes(monkeypatch) -> list:
 
     sizes, subproblem = [], ws._subproblem
 
-    def recording(col, K_BB, B, *args):
+    def recording(col, K_BB, B, *args, **kw):
         sizes.append(B.numel())
-        return subproblem(col, K_BB, B, *args)
+        return subproblem(col, K_BB, B, *args, **kw)
 
     monkeypatch.setattr(ws, "_subproblem", recording)
     return sizes
+
+
+def test_a_round_whose_sets_keep_changing_is_abandoned_at_the_stall_step():
+    """A proximal round whose predicted sets keep changing as many coordinates as at its first step (here sets drawn
+    at random at every step) is abandoned at step ``STALL_STEP`` with ``stall``, and runs to its step limit without."""
+    from joker_ext.active_set import MAX_INNER, STALL_STEP, _Column
+
+    n = 200
+    X, y = make_binary(n=n, seed=2)
+    K = GaussianKernel(1.0)(torch.as_tensor(X), torch.as_tensor(X))
+    col = _Column(K, K.diagonal().clone(), get_loss("hinge"), torch.as_tensor(y), torch.full((n,), 2.0, dtype=F64),
+                  True)
+    rng = np.random.default_rng(0)
+    width = (col.hi - col.lo).clamp(max=4.0)
+    col.predict = lambda a, f, b, s, abar: col._sets(
+        col.lo - 0.5 * width + 2 * width * torch.as_tensor(rng.random(n)), torch.ones(n, dtype=F64))
+    solves = []
+    solve = col.solve
+    col.solve = lambda *args, **kw: solves.append(1) or solve(*args, **kw)
+    a = torch.zeros(n, dtype=F64)
+    assert col.round(a, a.clone(), 0.0, a.clone(), 1e-6, stall=0.75) is None
+    assert len(solves) == STALL_STEP
+    solves.clear()
+    assert col.round(a, a.clone(), 0.0, a.clone(), 1e-6) is None
+    assert len(solves) == MAX_INNER
+
+
+def test_stalling_subproblems_escalate_their_weight_and_reach_libsvm(monkeypatch):
+    """make_moons at ten times scikit-learn's 'scale' gamma, C = 10 (n = 4000, hinge with an intercept): subproblems
+    whose rounds stall at small proximal weights (abandoned, the weight escalated) and whose interior-point solution
+    will not snap to its active sets (degenerate coordinates; the column's later subproblems then skip the interior
+    point). The fit reaches LIBSVM's optimum (tol 1e-8) with a certified gap."""
+    from sklearn.datasets import make_moons
+    from sklearn.svm import SVC
+
+    import joker_ext.active_set as act
+    import joker_ext.working_set as ws
+
+    X, y01 = make_moons(4000, noise=0.3, random_state=0)
+    y = 2.0 * y01 - 1.0
+    C, gamma = 10.0, 10.0 / (X.shape[1] * X.var())
+    stalled, interior = [], []
+    round_, interior_point = act._Column.round, ws._interior_point
+
+    def recording_round(self, *args, stall=None, **kw):
+        out = round_(self, *args, stall=stall, **kw)
+        if stall is not None:
+            stalled.append(out is None)
+        return out
+
+    def recording_interior_point(*args):
+        out = interior_point(*args)
+        interior.append(None if out is None else out[2])
+        return out
+
+    monkeypatch.setattr(act._Column, "round", recording_round)
+    monkeypatch.setattr(ws, "_interior_point", recording_interior_point)
+    sigma = (0.5 / gamma) ** 0.5
+    m = fit_dual(torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1), loss=get_loss("hinge"),
+                 c=torch.full((len(y),), C, dtype=F64), kernel=GaussianKernel(sigma),
+                 options=SolverOptions(tol=1e-12, max_iter=300), solver="working_set", intercept=True)
+    assert m.result.status == "converged" and m.result.rel_gap <= 1e-12
+    assert any(stalled) and not all(stalled)  # rounds abandoned, and rounds at escalated weights that settled
+    assert False in interior and interior.index(False) == len(interior) - 1  # none after the first that did not snap
+    K, a_ref, f_ref, f = _libsvm_and_ours(X, sigma, SVC(C=C, gamma=gamma, tol=1e-8).fit(X, y), m)
+
+    def primal(a, f):
+        return 0.5 * a @ K @ a + C * np.maximum(0.0, 1.0 - y * f).sum()
+
+    assert primal(m.alpha[:, 0].numpy(), f) <= primal(a_ref, f_ref) * (1 + 1e-9)
 
 
 @pytest.mark.parametrize("name", ["hinge", "epsilon_insensitive"])

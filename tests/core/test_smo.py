@@ -551,7 +551,7 @@ def test_first_subproblem_after_the_smo_phase_tries_the_exact_steps_before_a_pro
     fits = []
     for near_first in (True, False):
         if not near_first:  # every subproblem as any other: a proximal round first, the usual fillers
-            monkeypatch.setattr(ws, "_subproblem", lambda *args: subproblem(*args[:-1], False))
+            monkeypatch.setattr(ws, "_subproblem", lambda *args, **kw: subproblem(*args[:-1], False, **kw))
             monkeypatch.setattr(ws, "_select", lambda *args: select(*args[:-1], False))
         est = JokerClassifier(loss="hinge", C=1.0, gamma=gamma, fit_intercept=True).fit(X, y)
         assert est.status_ == "converged" and est.relative_gap_ <= 1e-10
@@ -642,7 +642,7 @@ def test_a_working_set_that_adds_no_violator_after_an_exact_solve_is_not_solved_
     monkeypatch.setattr(smo, "FORM_POINTS_SHARE", float("inf"))
     solved = []
     subproblem = ws._subproblem
-    monkeypatch.setattr(ws, "_subproblem", lambda *args: solved.append(1) or subproblem(*args))
+    monkeypatch.setattr(ws, "_subproblem", lambda *args, **kw: solved.append(1) or subproblem(*args, **kw))
     counts, iterations = [], []
     for rule in ("violators", "equal sets"):
         if rule == "equal sets":
