@@ -9,9 +9,10 @@ each). Left to the first fit, that made the first fit of a process 0.14-0.25 s s
 against 238 ms). :func:`load` calls each loop once, on a few numbers of the types the fits pass, when joker_ext is
 imported (0.14 s more for an import of 1.1 s after torch's), so that every fit runs at its own speed.
 
-The first import after installing joker_ext (or after numba's cache was cleared, or a new numba) compiles the loops
-instead of reading them: a minute or so, once. Set the environment variable ``JOKER_EXT_LAZY_LOAD=1`` to leave the
-loops to their first call instead (the import is then 0.14 s shorter and the first fit 0.14-0.25 s longer).
+The first import after installing joker_ext (or after numba's cache was cleared, or a new numba) compiles the
+loops instead of reading them: about 10 s on two cores, once. Set the environment variable ``JOKER_EXT_LAZY_LOAD=1``
+to leave the loops to their first call instead (the import is then 0.14 s shorter and the first fit 0.14-0.25 s
+longer).
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def load() -> None:
 
 def _steps(former: kernel_rows.RowFormer) -> None:
     """One chunk of SMO steps with and without an intercept (:func:`joker_ext.smo._pair_steps`,
-    :func:`~joker_ext.smo._free_sum_steps`), on a box QP of ``n`` coordinates whose rows ``former`` forms, and the
+    :func:`~joker_ext.smo._free_sum_steps`), on a box QP over the points whose rows ``former`` forms, and the
     phase's other compiled calls."""
     n = former.points.shape[1]
     R = np.zeros((n, n))

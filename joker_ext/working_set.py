@@ -494,7 +494,8 @@ def _subproblem(col: _Column, K_BB, B, a, f, b: float, sigma: float, floor: floa
                   offset=f[B] - fB, total=float(aB.sum()), factor=factor)
     # a set of mostly violators gets one settled round (the next working set brings other violators); a set
     # of mostly free coordinates is the problem restricted to its support vectors: solved exactly by the
-    # interior-point method (float64: its tolerances are float64's), else (when it fails) by SUB_ROUNDS rounds
+    # interior-point method (float64: its tolerances are float64's), else (when it fails, or once the column's interior
+    # point failed to snap: ``interior`` False) by SUB_ROUNDS rounds
     free = int(_free(col, a, B).sum())
     float64 = K_BB.dtype == torch.float64
     if float64 and (mostly_free and quick or near):

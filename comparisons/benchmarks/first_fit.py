@@ -49,15 +49,9 @@ def _data(name: str):
         from sklearn.datasets import make_classification
 
         return make_classification(n_samples=N, n_features=20, random_state=0)
-    from joker_ext.comparisons.datasets import load
+    from joker_ext.comparisons.benchmarks.engines import real_data
 
-    if name == "flights":
-        ds = load("flights", n_train=N, n_test=100, seed=0, standardize_y=True)
-    else:
-        ds = load(name, n_test=100, seed=0)
-        if ds.X_train.shape[0] > N:
-            ds = load(name, n_train=N, n_test=100, seed=0)
-    X, y = np.asarray(ds.X_train, dtype=np.float64), np.asarray(ds.y_train)
+    X, y = real_data(name, N)
     if name != "flights" and y.max() > 1:
         y = (y == 0).astype(np.int64)
     return X, y
