@@ -9,15 +9,17 @@ each). Left to the first fit, that made the first fit of a process 0.14-0.25 s s
 against 238 ms). :func:`load` calls each loop once, on a few numbers of the types the fits pass, when joker_ext is
 imported (0.14 s more for an import of 1.1 s after torch's), so that every fit runs at its own speed.
 
-The first import after installing joker_ext (or after numba's cache was cleared, or a new numba) compiles the
-loops instead of reading them: about 10 s on two cores, once. Set the environment variable ``JOKER_EXT_LAZY_LOAD=1``
-to leave the loops to their first call instead (the import is then 0.14 s shorter and the first fit 0.14-0.25 s
-longer).
+Only loops already in numba's cache are loaded: after installing joker_ext (or where the cache does not persist
+from one process to the next) the first fit compiles the loops it calls, once (the first hinge fit with an intercept
+6.6 s on two cores; every loop, about 10 s), and later imports load them. Set the environment variable
+``JOKER_EXT_LAZY_LOAD=1`` to leave every loop to its first call instead (the import is then 0.14 s shorter and the
+first fit 0.14-0.25 s longer).
 """
 from __future__ import annotations
 
 import os
 import warnings
+from typing import Callable, List, Tuple
 
 import numpy as np
 import torch
@@ -32,36 +34,55 @@ LAZY_LOAD_VARIABLE = "JOKER_EXT_LAZY_LOAD"
 
 
 def load() -> None:
-    """Call each of joker_ext's compiled loops once, on arguments of the types the fits pass them (float64 and
-    float32 blocks, int64 indices, C-ordered arrays), so that numba compiles or reads their machine code now rather
-    than inside the first fit. Nothing without numba."""
+    """Call each of joker_ext's compiled loops whose machine code numba's cache holds once, on arguments of the types
+    the fits pass them (float64 and float32 blocks, int64 indices, C-ordered arrays), so that numba reads it now
+    rather than inside the first fit. A loop the cache lacks (a fresh installation, a cache that does not persist) is
+    left to its first call, which compiles it: the import never waits for a compilation of a loop that the process
+    may not call. Nothing without numba."""
     if not smo.smo_available():
         return
+    for dispatcher, call in _calls():
+        if _cached(dispatcher):
+            call()
+
+
+def _cached(dispatcher) -> bool:
+    """Whether numba's on-disk cache holds an index for ``dispatcher`` (its machine code for some signatures; a stale
+    index, after an edit of the module, is recompiled on the call, once). False where numba keeps it elsewhere than
+    its version 0.5x-0.6x does."""
+    index = getattr(getattr(getattr(dispatcher, "_cache", None), "_cache_file", None), "_index_path", None)
+    return isinstance(index, str) and os.path.exists(index)
+
+
+def _calls() -> List[Tuple[object, Callable[[], None]]]:
+    """``(dispatcher, call)`` for each compiled loop a fit calls from Python: ``call`` calls it on a box QP of four
+    coordinates (one chunk of SMO steps with and without an intercept, on rows formed in the loop) or on small
+    blocks."""
     n = 4
     X = torch.linspace(0.0, 1.0, 2 * n, dtype=torch.float64).reshape(n, 2)
-    former = kernel_rows.row_former(StationaryKernel("gaussian", 1.0), X)  # (the points' transposing pass)
-    _steps(former)
-    for dtype in (torch.float64, torch.float32):
-        dense.submatrix(torch.eye(n, dtype=dtype), torch.arange(2))
-    dense.flush_small_(torch.eye(n, dtype=torch.float32))
-
-
-def _steps(former: kernel_rows.RowFormer) -> None:
-    """One chunk of SMO steps with and without an intercept (:func:`joker_ext.smo._pair_steps`,
-    :func:`~joker_ext.smo._free_sum_steps`), on a box QP over the points whose rows ``former`` forms, and the
-    phase's other compiled calls."""
-    n = former.points.shape[1]
-    R = np.zeros((n, n))
-    have = np.zeros(n, dtype=bool)
+    points = np.ascontiguousarray(X.numpy().T)
+    former = kernel_rows.RowFormer(points, kernel_rows.GAUSSIAN, 1.0, np.empty((4, n)),
+                                   np.array([np.iinfo(np.int64).max], dtype=np.int64))
+    R, have = np.zeros((n, n)), np.zeros(n, dtype=bool)
     outside = (R, have, np.zeros(0, dtype=np.int64), kernel_rows.no_row_former())
     diag, h, lo, hi = np.ones(n), np.zeros(n), -np.ones(n), np.ones(n)
-    for steps in (smo._pair_steps, smo._free_sum_steps):
-        a, g = np.zeros(n), np.linspace(-1.0, 1.0, n)
-        act = np.arange(n, dtype=np.int64)
-        steps(R, have, former, outside, diag, h, 0.0, lo, hi, a, g, 1e-3, 1e-12, 2, act, n, n, 0)
-        smo._unshrink(act)
-        smo._add_rows(R, np.zeros(1, dtype=np.int64), np.ones(1), g)
-        smo._offsets(a, lo, hi, 0.0)
+    a, g, act = np.zeros(n), np.linspace(-1.0, 1.0, n), np.arange(n, dtype=np.int64)
+
+    def steps(fn):
+        return lambda: fn(R, have, former, outside, diag, h, 0.0, lo, hi, a.copy(), g.copy(), 1e-3, 1e-12, 2,
+                          act.copy(), n, n, 0)
+
+    return [
+        (kernel_rows._transpose_divided, lambda: kernel_rows.row_former(StationaryKernel("gaussian", 1.0), X)),
+        (smo._pair_steps, steps(smo._pair_steps)),
+        (smo._free_sum_steps, steps(smo._free_sum_steps)),
+        (smo._unshrink, lambda: smo._unshrink(act.copy())),
+        (smo._add_rows, lambda: smo._add_rows(R, np.zeros(1, dtype=np.int64), np.ones(1), g.copy())),
+        (smo._offsets, lambda: smo._offsets(a, lo, hi, 0.0)),
+        (dense._gather_compiled, lambda: [dense.submatrix(torch.eye(n, dtype=dtype), torch.arange(2))
+                                          for dtype in (torch.float64, torch.float32)]),
+        (dense._flush_compiled, lambda: dense.flush_small_(torch.eye(n, dtype=torch.float32))),
+    ]
 
 
 def load_unless_lazy() -> None:

@@ -4,7 +4,7 @@ Each check runs in a fresh interpreter: numba's dispatchers only ever gain signa
 did before would hide a missing one. In one interpreter the loops are left to their first call
 (``JOKER_EXT_LAZY_LOAD=1``) and a handful of fits (hinge with and without an intercept, with blocks of shrunk
 coordinates and rows from the cache; epsilon-insensitive; squared loss with its float32 factor; one-vs-rest on
-threads) record what they compile; in another, joker_ext is only imported. Every signature the fits needed must be
+threads) record what they compile or read from numba's cache; in another, joker_ext is only imported. Every signature the fits needed must be
 among those the import loaded: otherwise the first fit of a process reads or compiles machine code after all.
 """
 import json
@@ -53,6 +53,9 @@ def _signatures(what: str, lazy: bool) -> dict:
 
 
 def test_the_import_loads_every_loop_the_fits_call_with_their_types():
+    # twice: a first run compiles what numba's cache lacks, and a loop compiled in a process lists signatures for the
+    # loops it calls too; the second reads every loop from the cache and lists only those called from Python
+    _signatures("fits", lazy=True)
     used = _signatures("fits", lazy=True)
     loaded = _signatures("import", lazy=False)
     assert CALLED <= {name for name, sigs in used.items() if sigs}
@@ -72,6 +75,35 @@ def test_a_loop_that_fails_to_load_warns_instead_of_breaking_the_import(monkeypa
         raise RuntimeError("no machine code for this processor")
 
     monkeypatch.setattr(smo, "_pair_steps", broken)
+    monkeypatch.setattr(compiled, "_cached", lambda dispatcher: True)
     monkeypatch.delenv(compiled.LAZY_LOAD_VARIABLE, raising=False)
     with pytest.warns(RuntimeWarning, match="could not load its compiled loops.*no machine code"):
         compiled.load_unless_lazy()
+
+
+def test_a_loop_is_loaded_only_when_numbas_cache_holds_it(tmp_path, monkeypatch):
+    """:func:`joker_ext.compiled._cached` against numba itself: a fresh ``cache=True`` function has no cache index
+    until its first call compiles it; ``load`` calls only the loops whose index exists (the import never compiles)."""
+    import numba
+
+    from joker_ext import compiled
+
+    (tmp_path / "fresh_loop.py").write_text("import numba\n\n\n@numba.njit(cache=True)\ndef twice(x):\n"
+                                            "    return 2 * x\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import fresh_loop
+
+    assert not compiled._cached(fresh_loop.twice)
+    assert fresh_loop.twice(3) == 6
+    assert compiled._cached(fresh_loop.twice)
+    assert not compiled._cached(object())  # (nothing numba caches)
+
+    @numba.njit(cache=True)
+    def uncached(x):
+        return x
+
+    called = []
+    monkeypatch.setattr(compiled, "_calls", lambda: [(fresh_loop.twice, lambda: called.append("cached")),
+                                                     (uncached, lambda: called.append("not cached"))])
+    compiled.load()
+    assert called == ["cached"]
