@@ -1,9 +1,9 @@
 """The first fit of a fresh process: joker_ext against scikit-learn, each in interpreters of its own.
 
 A script that imports joker_ext and fits once pays, besides the fit, whatever the process had not set up yet. Here
-each case runs in fresh interpreters: one imports joker_ext (its import time is reported), loads the data, and times
-its first fit and then a second one; another imports scikit-learn, loads the same data and times the matching
-estimator's first fit. With ``--lazy`` a third interpreter does the joker_ext part with ``JOKER_EXT_LAZY_LOAD=1``
+each case runs in fresh interpreters: one imports torch, then joker_ext (the latter's import time is reported), loads
+the data, and times its first fit and then a second one; another loads the same data (through joker_ext's loaders,
+so it imports joker_ext too) and times the matching scikit-learn estimator's first fit. With ``--lazy`` a third interpreter does the joker_ext part with ``JOKER_EXT_LAZY_LOAD=1``
 (numba's loops left to the first fit: what the first fit cost before :mod:`joker_ext.compiled`). Printed per case:
 the times, and the ratio of joker_ext's first fit to scikit-learn's first fit.
 

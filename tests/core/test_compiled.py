@@ -4,8 +4,9 @@ Each check runs in a fresh interpreter: numba's dispatchers only ever gain signa
 did before would hide a missing one. In one interpreter the loops are left to their first call
 (``JOKER_EXT_LAZY_LOAD=1``) and a handful of fits (hinge with and without an intercept, with blocks of shrunk
 coordinates and rows from the cache; epsilon-insensitive; squared loss with its float32 factor; one-vs-rest on
-threads) record what they compile or read from numba's cache; in another, joker_ext is only imported. Every signature the fits needed must be
-among those the import loaded: otherwise the first fit of a process reads or compiles machine code after all.
+threads) record what they compile or read from numba's cache; in another, joker_ext is only imported. Every
+signature the fits needed must be among those the import loaded: otherwise the first fit of a process reads or
+compiles machine code after all.
 """
 import json
 import os
