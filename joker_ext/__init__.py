@@ -104,7 +104,7 @@ _expose_source_adapters()
 # with joker_ext.kernels; importing it here imports none of those libraries.
 from . import adapters  # noqa: E402,F401
 
-# numba's compiled loops are read (or, once per installation, compiled) now rather than inside the first fit
+# the compiled loops numba's cache holds are read now rather than inside the first fit (the import never compiles)
 from .compiled import load_unless_lazy  # noqa: E402
 
 load_unless_lazy()

@@ -60,6 +60,7 @@ def _calls() -> List[Tuple[object, Callable[[], None]]]:
     blocks."""
     n = 4
     X = torch.linspace(0.0, 1.0, 2 * n, dtype=torch.float64).reshape(n, 2)
+    # the steps' former made here, not by row_former: that would call _transpose_divided, which may not be cached
     points = np.ascontiguousarray(X.numpy().T)
     former = kernel_rows.RowFormer(points, kernel_rows.GAUSSIAN, 1.0, np.empty((4, n)),
                                    np.array([np.iinfo(np.int64).max], dtype=np.int64))
