@@ -37,6 +37,7 @@ from .distributed import SingleProcess, row_shards
 from .kernels import Kernel, StationaryKernel, as_kernel, make_kernel, median_heuristic
 from .losses import Loss, get_loss
 from .model import KernelModel
+from .one_vs_one import fit_one_vs_one, ovr_scores, vote
 from .plan import FitPlan, make_fit_plan
 from .validation import check_magnitude
 
@@ -614,13 +615,15 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
         **_JokerBase._parameter_constraints,
         "class_weight": [dict, StrOptions({"balanced"}), None],
         "probability": ["boolean"],
+        "multi_class": [StrOptions({"ovr", "ovo"})],
     }
 
     def __init__(self, loss="hinge", C=1.0, kernel="gaussian", sigma="median", gamma=None, nu=1.5,
                  n_features=None, features="cossin", block_size=None, max_iter=None, tol=None, epsilon=0.1,
                  delta=1.0, quantile=0.5, device="cpu", dtype="float64", random_state=None, verbose=False,
                  warm_start=False, max_time=None, class_weight=None, probability=False, fit_intercept=False,
-                 max_memory=None, checkpoint=None, checkpoint_every=100, solver="auto", distributed=False):
+                 max_memory=None, checkpoint=None, checkpoint_every=100, solver="auto", distributed=False,
+                 multi_class="ovr"):
         _store_params(self, locals())
 
     def fit(self, X, y, sample_weight=None):
@@ -645,15 +648,79 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
             )
         sample_weight = _check_sample_weight(sample_weight, X, dtype=np.float64)
         sample_weight = sample_weight * self._class_weights(y_idx, k, shards)[y_idx]
-        if k == 2:
-            Y = np.where(y_idx == 1, 1.0, -1.0).reshape(-1, 1)
-        else:
-            Y = np.where(y_idx[:, None] == np.arange(k)[None, :], 1.0, -1.0)
-        self._fit_targets(X, Y, sample_weight, loss, shards)
         self.calibration_scale_ = None
+        self._one_vs_one_fit = k > 2 and self.multi_class == "ovo"
+        if self._one_vs_one_fit:
+            self._fit_one_vs_one(X, y_idx, sample_weight, loss, shards)
+        else:
+            self._fit_targets(X, self._targets(y_idx, k), sample_weight, loss, shards)
         if self.probability and loss.name != "logistic":
             self._fit_calibration(X, y_idx, sample_weight)
         return self
+
+    @staticmethod
+    def _targets(y_idx: np.ndarray, k: int) -> np.ndarray:
+        """The +1 / -1 targets: one column (+1 for ``classes_[1]``) for two classes, one per class otherwise."""
+        if k == 2:
+            return np.where(y_idx == 1, 1.0, -1.0).reshape(-1, 1)
+        return np.where(y_idx[:, None] == np.arange(k)[None, :], 1.0, -1.0)
+
+    def _fit_one_vs_one(self, X, y_idx: np.ndarray, sample_weight: np.ndarray, loss: Loss, shards) -> None:
+        """``multi_class='ovo'``: a binary problem per pair of classes (:mod:`joker_ext.one_vs_one`), each with this
+        estimator's kernel (its bandwidth from all the data), loss, C and weights; the pairs' dual coefficients are
+        the columns of ``dual_coef_`` (zero outside each pair's rows), their intercepts ``intercept_``."""
+        for name, bad, expected in (("distributed", bool(self.distributed), "False"),
+                                    ("n_features", self.n_features is not None, "None (the exact kernel)"),
+                                    ("checkpoint", self.checkpoint is not None, "None (every pair is a fit)")):
+            if bad:
+                raise ValueError(f"multi_class='ovo' needs {name}={expected}, got {name}="
+                                 f"{getattr(self, name)!r}; multi_class='ovr' supports it")
+        self._check_bandwidth_params()
+        check_magnitude(X, "X", dtype=resolve_dtype(self.dtype))
+        if np.any(sample_weight < 0):
+            raise ValueError("sample_weight must be non-negative, got negative weights")
+        keep = sample_weight > 0
+        X, y_idx, w = X[keep], y_idx[keep], sample_weight[keep]
+        present = np.unique(y_idx)
+        if present.size < len(self.classes_):
+            raise ValueError(f"multi_class='ovo' needs points of positive weight in every class; the classes "
+                             f"{self.classes_[np.setdiff1d(np.arange(len(self.classes_)), present)].tolist()} have "
+                             f"none")
+        plan = self._fit_plan(self._build_kernel(X), loss, X.shape[0], w)
+        self._set_fitted_plan(plan)
+        fit = fit_one_vs_one(plan, X, y_idx, len(self.classes_),
+                             fit_pair=lambda rows, y: self._fit_pair(plan, X[rows], y, w[rows]),
+                             batch=self.solver == "auto")
+        self.fit_plan_ = plan
+        self.X_fit_ = np.asarray(X, dtype=np.float64 if self.dtype_ == torch.float64 else np.float32)
+        self._fit_fingerprint = None  # (no warm start from pairs)
+        self.dual_coef_ = fit.dual_coef.astype(self.X_fit_.dtype)
+        self.coef_ = None
+        self.intercept_ = fit.intercept if self.fit_intercept else np.zeros(fit.intercept.size)
+        self.n_iter_ = int(fit.n_iter.sum())
+        self.n_intercept_rounds_ = 0
+        self.status_ = fit.status
+        self.primal_objective_, self.dual_objective_ = float(fit.primal.sum()), float(fit.dual.sum())
+        self.duality_gap_, self.relative_gap_ = float(fit.gap.sum()), float(fit.rel_gap.max())
+        self.history_ = []
+        self.block_size_ = plan.options.block_size
+        self._model_cache = None
+        self._model_cache = self._model()  # (made now: predict leaves the estimator as it is)
+        if self.status_ != "converged" and self.relative_gap_ > max(plan.options.tol, CONVERGENCE_WARN_GAP):
+            warnings.warn(f"{type(self).__name__} stopped ({self.status_}) on a pair of classes with relative "
+                          f"duality gap {self.relative_gap_:.2e}{_STOP_ADVICE.get(self.status_, '')}",
+                          ConvergenceWarning)
+
+    def _fit_pair(self, plan: FitPlan, X: np.ndarray, y: np.ndarray, w: np.ndarray) -> "JokerClassifier":
+        """One pair's binary fit by the engines: this estimator's parameters with the fitted kernel (its
+        bandwidth from all the data) and the pair's weights (class weights included)."""
+        from sklearn.base import clone
+
+        pair = clone(self).set_params(multi_class="ovr", probability=False, warm_start=False, class_weight=None,
+                                      kernel=plan.kernel, sigma="median", gamma=None)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)  # (reported once, for the whole fit)
+            return pair.fit(X, y, sample_weight=w)
 
     def _class_weights(self, y_idx: np.ndarray, k: int, shards: SingleProcess) -> np.ndarray:
         if self.class_weight is None:
@@ -754,14 +821,26 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
             return np.column_stack([1.0 - p, p])
         return softmax(A * D, axis=1)
 
+    def _pairwise(self) -> bool:
+        """Whether the fitted model is one-vs-one (``dual_coef_``'s columns are pairs of classes)."""
+        check_is_fitted(self, "dual_coef_")
+        return len(self.classes_) > 2 and getattr(self, "_one_vs_one_fit", self.multi_class == "ovo")
+
     def decision_function(self, X) -> np.ndarray:
-        """``f(X)``: shape (n,) for two classes (positive means ``classes_[1]``), (n, n_classes) otherwise
-        (one-vs-rest scores)."""
+        """``f(X)``: shape (n,) for two classes (positive means ``classes_[1]``), (n, n_classes) otherwise: the
+        one-vs-rest scores, or with ``multi_class='ovo'`` each class's votes plus a term in (-1/3, 1/3) from the sum
+        of its pairs' decision values (SVC's ``decision_function_shape='ovr'``,
+        :func:`joker_ext.one_vs_one.ovr_scores`)."""
         F = self._decision(X)
+        if self._pairwise():
+            return ovr_scores(F, len(self.classes_))
         return F[:, 0] if F.shape[1] == 1 else F
 
     def predict(self, X) -> np.ndarray:
-        """The class with the largest decision value (binary: ``classes_[1]`` when f > 0)."""
+        """The class with the largest decision value (binary: ``classes_[1]`` when f > 0); with
+        ``multi_class='ovo'`` the class with the most votes, the first of them on a tie (SVC's ``predict``)."""
+        if self._pairwise():
+            return self.classes_[np.argmax(vote(self._decision(X), len(self.classes_)), axis=1)]
         D = self.decision_function(X)
         if D.ndim == 1:
             return self.classes_[(D > 0).astype(int)]

@@ -1,0 +1,199 @@
+"""``JokerClassifier(multi_class='ovo')``: a binary problem per pair of classes (:mod:`joker_ext.one_vs_one`).
+
+References: SVC (LIBSVM) at ``tol=1e-10``, whose multiclass model is exactly this one with the hinge loss and an
+intercept; cvxpy's optimal value of every pair's problem (computed from the pair's points only); scikit-learn's
+``OneVsOneClassifier`` around the binary classifier (each pair through the engines, one fit per pair).
+"""
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from conftest import cvxpy_primal
+from sklearn.datasets import load_wine, make_classification
+from sklearn.metrics.pairwise import rbf_kernel
+from sklearn.multiclass import OneVsOneClassifier
+from sklearn.preprocessing import StandardScaler
+from sklearn.svm import SVC
+
+from joker_ext import JokerClassifier
+from joker_ext.checkpoint import load_estimator, save_estimator
+from joker_ext.one_vs_one import class_pairs
+
+
+def _classes(n, k, seed, d=4):
+    X, y = make_classification(n_samples=n, n_features=d, n_informative=d - 1, n_redundant=0, n_classes=k,
+                               n_clusters_per_class=1, class_sep=1.0, flip_y=0.05, random_state=seed)
+    return StandardScaler().fit_transform(X), y
+
+
+def _no_fallback(monkeypatch):
+    """Make a pair that the compiled batch did not certify fail the test (the batch must solve these problems)."""
+    def fail(*args, **kwargs):
+        raise AssertionError("a pair fell back to the engines")
+    monkeypatch.setattr(JokerClassifier, "_fit_pair", fail)
+
+
+def _pair_values(est, X):
+    """Every pair's decision values, from the fitted coefficients with scikit-learn's kernel (n x P)."""
+    return rbf_kernel(X, est.X_fit_, gamma=est.gamma_) @ est.dual_coef_ + est.intercept_
+
+
+def _svc_pair_coefficients(svc, y, i, j):
+    """SVC's dual coefficients (n,) of pair ``(i, j)``: a support vector of class ``i`` keeps its coefficient in row
+    ``j - 1`` of ``dual_coef_``, one of class ``j`` in row ``i`` (LIBSVM's layout)."""
+    a = np.zeros(y.size)
+    for col, s in enumerate(svc.support_):
+        if y[s] == i:
+            a[s] = svc.dual_coef_[j - 1, col]
+        elif y[s] == j:
+            a[s] = svc.dual_coef_[i, col]
+    return a
+
+
+@pytest.mark.parametrize("k, C", [(3, 1.0), (5, 10.0), (4, 100.0)])
+def test_hinge_with_intercept_is_svcs_model(monkeypatch, k, C):
+    """Hinge with an intercept: every pair's primal objective is SVC's (solved to ``tol=1e-10``) or below it by
+    at most SVC's own inexactness (3-6e-6 relative at C = 100), and the pairs' decision values, the intercepts, the
+    aggregated scores and the predictions are SVC's, all from the compiled batch."""
+    X, y = _classes(60 * k, k, seed=k)
+    Xnew = np.random.default_rng(k).normal(size=(80, X.shape[1]))
+    gamma = 0.3
+    _no_fallback(monkeypatch)
+    est = JokerClassifier(loss="hinge", C=C, gamma=gamma, fit_intercept=True, multi_class="ovo").fit(X, y)
+    svc = SVC(C=C, gamma=gamma, tol=1e-10, decision_function_shape="ovo").fit(X, y)
+    assert est.status_ == "converged" and est.relative_gap_ <= 1e-11
+    K = rbf_kernel(X, X, gamma=gamma)
+    for p, (i, j) in enumerate(class_pairs(k)):
+        rows = np.flatnonzero(np.isin(y, [i, j]))
+        t = np.where(y[rows] == i, 1.0, -1.0)
+        Kp = K[np.ix_(rows, rows)]
+        primal = []
+        for a, b in ((est.dual_coef_[rows, p], est.intercept_[p]),
+                     (_svc_pair_coefficients(svc, y, i, j)[rows], svc.intercept_[p])):
+            primal.append(0.5 * a @ Kp @ a + C * np.maximum(0.0, 1.0 - t * (Kp @ a + b)).sum())
+        assert primal[1] * (1 - 1e-5) <= primal[0] <= primal[1] * (1 + 1e-12), (i, j)
+        # each pair's coefficients live on its two classes' points only
+        assert np.all(est.dual_coef_[~np.isin(y, [i, j]), p] == 0)
+    reference = svc.decision_function(Xnew)
+    atol = (1e-6 if C <= 10 else 1e-4) * np.abs(reference).max()
+    np.testing.assert_allclose(_pair_values(est, Xnew), reference, atol=atol)
+    np.testing.assert_allclose(est.intercept_, svc.intercept_, atol=atol)
+    svc.set_params(decision_function_shape="ovr")
+    np.testing.assert_allclose(est.decision_function(Xnew), svc.decision_function(Xnew), atol=atol)
+    np.testing.assert_array_equal(est.predict(Xnew), svc.predict(Xnew))
+
+
+def test_weights_and_repeated_points_match_svc():
+    """Class weights, sample weights and repeated points (a singular free block) as SVC weighs them."""
+    X, y = _classes(240, 4, seed=7)
+    X = np.vstack([X, X[:40]])  # 40 points twice, with their labels
+    y = np.concatenate([y, y[:40]])
+    w = np.random.default_rng(1).uniform(0.2, 3.0, size=y.size)
+    Xnew = np.random.default_rng(2).normal(size=(50, X.shape[1]))
+    est = JokerClassifier(C=5.0, gamma=0.4, fit_intercept=True, multi_class="ovo", class_weight="balanced")
+    est.fit(X, y, sample_weight=w)
+    svc = SVC(C=5.0, gamma=0.4, tol=1e-10, class_weight="balanced", decision_function_shape="ovo")
+    svc.fit(X, y, sample_weight=w)
+    reference = svc.decision_function(Xnew)
+    np.testing.assert_allclose(_pair_values(est, Xnew), reference, atol=1e-6 * np.abs(reference).max())
+    np.testing.assert_array_equal(est.predict(Xnew), svc.predict(Xnew))
+
+
+@pytest.mark.parametrize("loss", ["hinge", "squared_hinge"])
+@pytest.mark.parametrize("intercept", [False, True])
+def test_every_pair_reaches_cvxpys_optimum(loss, intercept):
+    """Each pair's primal objective (computed here from its column of ``dual_coef_`` on its own points) is cvxpy's
+    optimal value of that pair's problem."""
+    X, y = load_wine(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    C, gamma = 2.0, 0.05
+    est = JokerClassifier(loss=loss, C=C, gamma=gamma, fit_intercept=intercept, multi_class="ovo").fit(X, y)
+    K = rbf_kernel(X, X, gamma=gamma)
+    for p, (i, j) in enumerate(class_pairs(3)):
+        rows = np.flatnonzero(np.isin(y, [i, j]))
+        t = np.where(y[rows] == i, 1.0, -1.0)
+        a = est.dual_coef_[rows, p]
+        f = K[np.ix_(rows, rows)] @ a + est.intercept_[p]
+        margin = np.maximum(0.0, 1.0 - t * f)
+        loss_sum = margin.sum() if loss == "hinge" else 0.5 * (margin ** 2).sum()
+        primal = 0.5 * a @ K[np.ix_(rows, rows)] @ a + C * loss_sum
+        reference = cvxpy_primal(loss, K[np.ix_(rows, rows)], t, np.full(rows.size, C), intercept=intercept)
+        assert primal == pytest.approx(reference, rel=1e-6), (i, j)
+
+
+@pytest.mark.parametrize("loss", ["hinge", "squared_hinge", "squared", "logistic"])
+def test_every_loss_equals_one_vs_one_through_scikit_learn(loss):
+    """Every classification loss, with an intercept: the pairs' decision values are those of scikit-learn's
+    ``OneVsOneClassifier`` around the binary classifier (one fit per pair through the engines; its estimators are
+    positive for the pair's second class), the compiled batch where it applies, the engines otherwise."""
+    X, y = _classes(200, 4, seed=11)
+    Xnew = np.random.default_rng(3).normal(size=(40, X.shape[1]))
+    params = dict(loss=loss, C=3.0, sigma=1.3, fit_intercept=True)
+    est = JokerClassifier(**params, multi_class="ovo").fit(X, y)
+    wrapper = OneVsOneClassifier(JokerClassifier(**params)).fit(X, y)
+    reference = -np.column_stack([e.decision_function(Xnew) for e in wrapper.estimators_])
+    tol = 1e-6 if loss == "logistic" else 1e-7
+    np.testing.assert_allclose(_pair_values(est, Xnew), reference, atol=tol * np.abs(reference).max())
+    assert est.relative_gap_ <= 1e-10
+
+
+def test_engines_alone_give_the_batchs_model():
+    """A named solver fits every pair through the engines: the same model as the compiled batch."""
+    X, y = _classes(180, 3, seed=5)
+    batch = JokerClassifier(C=4.0, gamma=0.5, fit_intercept=True, multi_class="ovo").fit(X, y)
+    engines = JokerClassifier(C=4.0, gamma=0.5, fit_intercept=True, multi_class="ovo", solver="active_set").fit(X, y)
+    np.testing.assert_allclose(_pair_values(batch, X), _pair_values(engines, X), atol=1e-8)
+    assert batch.primal_objective_ == pytest.approx(engines.primal_objective_, rel=1e-10)
+
+
+def test_two_classes_fit_one_problem():
+    """Two classes are one pair: the same model as one-vs-rest."""
+    X, y = _classes(120, 2, seed=1)
+    a = JokerClassifier(C=2.0, gamma=0.5, fit_intercept=True, multi_class="ovo").fit(X, y)
+    b = JokerClassifier(C=2.0, gamma=0.5, fit_intercept=True).fit(X, y)
+    np.testing.assert_allclose(a.decision_function(X), b.decision_function(X), atol=1e-9)
+
+
+def test_saved_and_pickled_models_predict_the_same(tmp_path):
+    X, y = _classes(150, 3, seed=2)
+    est = JokerClassifier(C=2.0, fit_intercept=True, multi_class="ovo").fit(X, y)
+    path = save_estimator(est, tmp_path / "ovo.pt")
+    for other in (load_estimator(path), pickle.loads(pickle.dumps(est))):
+        np.testing.assert_array_equal(other.predict(X), est.predict(X))
+        np.testing.assert_allclose(other.decision_function(X), est.decision_function(X), atol=1e-12)
+
+
+@pytest.mark.parametrize("param, value", [("n_features", 64), ("checkpoint", "model.pt")])
+def test_what_one_vs_one_does_not_take_is_named(param, value):
+    X, y = _classes(90, 3, seed=0)
+    with pytest.raises(ValueError, match=f"multi_class='ovo' needs {param}="):
+        JokerClassifier(multi_class="ovo", **{param: value}).fit(X, y)
+
+
+def test_a_class_without_weight_is_named():
+    X, y = _classes(90, 3, seed=0)
+    w = np.where(y == 2, 0.0, 1.0)
+    with pytest.raises(ValueError, match=r"the classes \[2\] have none"):
+        JokerClassifier(multi_class="ovo").fit(X, y, sample_weight=w)
+
+
+def test_unknown_multi_class_is_named():
+    X, y = _classes(90, 3, seed=0)
+    with pytest.raises(ValueError, match="multi_class"):
+        JokerClassifier(multi_class="crammer_singer").fit(X, y)
+
+
+def test_threads_give_the_same_model():
+    """The batch splits the pairs over threads; one thread gives the same numbers."""
+    X, y = _classes(300, 6, seed=9)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = JokerClassifier(C=3.0, gamma=0.4, fit_intercept=True, multi_class="ovo").fit(X, y)
+        torch.set_num_threads(2)
+        two = JokerClassifier(C=3.0, gamma=0.4, fit_intercept=True, multi_class="ovo").fit(X, y)
+    finally:
+        torch.set_num_threads(threads)
+    np.testing.assert_array_equal(one.dual_coef_, two.dual_coef_)
+    np.testing.assert_array_equal(one.intercept_, two.intercept_)
