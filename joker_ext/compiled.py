@@ -1,7 +1,7 @@
 """joker_ext's compiled loops, loaded when joker_ext is imported.
 
 The hot loops of the exact engines (the SMO phase's steps, :mod:`joker_ext.smo`; the kernel rows they form,
-:mod:`joker_ext.kernel_rows`; the block gathers and the float32 flush of :mod:`joker_ext.dense`) are compiled by numba
+:mod:`joker_ext.kernel_rows`; the pairs of a one-vs-one fit, :mod:`joker_ext.one_vs_one`; the block gathers and the float32 flush of :mod:`joker_ext.dense`) are compiled by numba
 and kept in numba's on-disk cache (``cache=True``). A process pays for them once, on their first call: numba's own
 set-up (0.1-0.2 s, on the first compiled call of the process) and each loop's machine code read from the cache (3-5 ms
 each). Left to the first fit, that made the first fit of a process 0.14-0.25 s slower than the next (optdigits, n =
@@ -24,7 +24,7 @@ from typing import Callable, List, Tuple
 import numpy as np
 import torch
 
-from . import dense, kernel_rows, smo
+from . import dense, kernel_rows, one_vs_one, smo
 from .kernels import StationaryKernel
 
 __all__ = ["load", "LAZY_LOAD_VARIABLE"]
@@ -69,6 +69,11 @@ def _calls() -> List[Tuple[object, Callable[[], None]]]:
     diag, h, lo, hi = np.ones(n), np.zeros(n), -np.ones(n), np.ones(n)
     a, g, act = np.zeros(n), np.linspace(-1.0, 1.0, n), np.arange(n, dtype=np.int64)
 
+    def pairs():  # no pair: the range is empty, the call only loads the loop
+        empty, none = np.zeros(0), np.zeros(0, dtype=np.int64)
+        one_vs_one._solve_range(points, former.family, former.scale, none, empty, np.zeros(1, dtype=np.int64), *[g] * 8,
+                                0.0, True, 1e-3, 1e-9, 0, 0, empty, empty, empty, np.zeros(0, dtype=np.bool_), none)
+
     def steps(fn):
         return lambda: fn(R, have, former, outside, diag, h, 0.0, lo, hi, a.copy(), g.copy(), 1e-3, 1e-12, 2,
                           act.copy(), n, n, 0)
@@ -83,6 +88,7 @@ def _calls() -> List[Tuple[object, Callable[[], None]]]:
         (dense._gather_compiled, lambda: [dense.submatrix(torch.eye(n, dtype=dtype), torch.arange(2))
                                           for dtype in (torch.float64, torch.float32)]),
         (dense._flush_compiled, lambda: dense.flush_small_(torch.eye(n, dtype=torch.float32))),
+        (one_vs_one._solve_range, pairs),
     ]
 
 

@@ -4,7 +4,7 @@ Each check runs in a fresh interpreter: numba's dispatchers only ever gain signa
 did before would hide a missing one. In one interpreter the loops are left to their first call
 (``JOKER_EXT_LAZY_LOAD=1``) and a handful of fits (hinge with and without an intercept, with blocks of shrunk
 coordinates and rows from the cache; epsilon-insensitive; squared loss with its float32 factor; one-vs-rest on
-threads) record what they compile or read from numba's cache; in another, joker_ext is only imported. Every
+threads; one-vs-one) record what they compile or read from numba's cache; in another, joker_ext is only imported. Every
 signature the fits needed must be among those the import loaded: otherwise the first fit of a process reads or
 compiles machine code after all.
 """
@@ -20,7 +20,7 @@ pytest.importorskip("numba")
 CHILD = r"""
 import json, sys
 import joker_ext
-from joker_ext import dense, kernel_rows, smo
+from joker_ext import dense, kernel_rows, one_vs_one, smo
 from numba.core.dispatcher import Dispatcher
 
 if sys.argv[1] == "fits":
@@ -36,14 +36,15 @@ if sys.argv[1] == "fits":
     JokerRegressor(loss="squared", C=10.0).fit(X, y)
     X, y = make_classification(n_samples=600, n_features=6, n_informative=4, n_classes=3, random_state=0)
     JokerClassifier(loss="hinge", C=10.0, fit_intercept=True).fit(X, y)
-print(json.dumps({f"{m.__name__}.{k}": [str(s) for s in v.signatures] for m in (dense, kernel_rows, smo)
+    JokerClassifier(loss="hinge", C=10.0, fit_intercept=True, multi_class="ovo").fit(X, y)
+print(json.dumps({f"{m.__name__}.{k}": [str(s) for s in v.signatures] for m in (dense, kernel_rows, one_vs_one, smo)
                   for k, v in vars(m).items() if isinstance(v, Dispatcher)}))
 """
 
 #: The loops the fits above call from Python (each must be used, or the test would prove nothing).
 CALLED = {"joker_ext.smo._pair_steps", "joker_ext.smo._free_sum_steps", "joker_ext.smo._add_rows",
           "joker_ext.smo._unshrink", "joker_ext.dense._gather_compiled", "joker_ext.dense._flush_compiled",
-          "joker_ext.kernel_rows._transpose_divided"}
+          "joker_ext.kernel_rows._transpose_divided", "joker_ext.one_vs_one._solve_range"}
 
 
 def _signatures(what: str, lazy: bool) -> dict:
