@@ -56,6 +56,10 @@ MAX_STEPS_PER_POINT = 100
 #: A polished coordinate this far outside its box (relative to the box's size) is at the bound, moved out by rounding.
 BOX_ROUNDING = 1e-12
 
+#: Ranges of pairs per thread, taken in turn by the threads as they finish one (a pair's cost is about ``m^2`` only
+#: roughly: it grows with its support vectors, whose rows the steps form).
+SPANS_PER_THREAD = 8
+
 # pair status codes of the compiled driver
 _SOLVED, _UNSOLVED = 0, 1
 
@@ -331,11 +335,13 @@ def solve_pairs_batch(kernel, loss: Loss, X: torch.Tensor, y_idx: np.ndarray, c:
                      pos[2], neg[2], pos[3], neg[3], float(loss.kink), bool(intercept), SMO_TOL * unit,
                      POLISH_TOL * unit, span[0], span[1], alpha, f, b, solved, steps)
 
-    spans = _ranges(offsets, max(1, int(threads)))
-    if len(spans) == 1:
-        run(spans[0])
+    threads = max(1, int(threads))
+    spans = _ranges(offsets, threads * SPANS_PER_THREAD if threads > 1 else 1)
+    if threads == 1 or len(spans) == 1:
+        for span in spans:
+            run(span)
     else:
-        with ThreadPoolExecutor(max_workers=len(spans)) as pool:
+        with ThreadPoolExecutor(max_workers=threads) as pool:
             list(pool.map(run, spans))
     return PairSolution(rows, y, offsets, alpha, f, b, solved, steps)
 
