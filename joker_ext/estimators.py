@@ -615,7 +615,7 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
         **_JokerBase._parameter_constraints,
         "class_weight": [dict, StrOptions({"balanced"}), None],
         "probability": ["boolean"],
-        "multi_class": [StrOptions({"ovr", "ovo"})],
+        "multi_class": [StrOptions({"auto", "ovr", "ovo"})],
     }
 
     def __init__(self, loss="hinge", C=1.0, kernel="gaussian", sigma="median", gamma=None, nu=1.5,
@@ -623,7 +623,7 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
                  delta=1.0, quantile=0.5, device="cpu", dtype="float64", random_state=None, verbose=False,
                  warm_start=False, max_time=None, class_weight=None, probability=False, fit_intercept=False,
                  max_memory=None, checkpoint=None, checkpoint_every=100, solver="auto", distributed=False,
-                 multi_class="ovr"):
+                 multi_class="auto"):
         _store_params(self, locals())
 
     def fit(self, X, y, sample_weight=None):
@@ -649,7 +649,7 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
         sample_weight = _check_sample_weight(sample_weight, X, dtype=np.float64)
         sample_weight = sample_weight * self._class_weights(y_idx, k, shards)[y_idx]
         self.calibration_scale_ = None
-        self._one_vs_one_fit = k > 2 and self.multi_class == "ovo"
+        self._one_vs_one_fit = k > 2 and self._multi_class(loss) == "ovo"
         if self._one_vs_one_fit:
             self._fit_one_vs_one(X, y_idx, sample_weight, loss, shards)
         else:
@@ -657,6 +657,14 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
         if self.probability and loss.name != "logistic":
             self._fit_calibration(X, y_idx, sample_weight)
         return self
+
+    def _multi_class(self, loss: Loss) -> str:
+        """``multi_class`` resolved: 'auto' is 'ovo' for the hinge loss with an intercept on the exact kernel (SVC's
+        model; one process, no checkpoint), else 'ovr'."""
+        if self.multi_class != "auto":
+            return self.multi_class
+        svc = loss.name == "hinge" and self.fit_intercept and self.n_features is None
+        return "ovo" if svc and not self.distributed and self.checkpoint is None else "ovr"
 
     @staticmethod
     def _targets(y_idx: np.ndarray, k: int) -> np.ndarray:
@@ -716,7 +724,7 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
         bandwidth from all the data) and the pair's weights (class weights included)."""
         from sklearn.base import clone
 
-        pair = clone(self).set_params(multi_class="ovr", probability=False, warm_start=False, class_weight=None,
+        pair = clone(self).set_params(probability=False, warm_start=False, class_weight=None,
                                       kernel=plan.kernel, sigma="median", gamma=None)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)  # (reported once, for the whole fit)
@@ -824,7 +832,7 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
     def _pairwise(self) -> bool:
         """Whether the fitted model is one-vs-one (``dual_coef_``'s columns are pairs of classes)."""
         check_is_fitted(self, "dual_coef_")
-        return len(self.classes_) > 2 and getattr(self, "_one_vs_one_fit", self.multi_class == "ovo")
+        return len(self.classes_) > 2 and getattr(self, "_one_vs_one_fit", self._multi_class(self.loss_) == "ovo")
 
     def decision_function(self, X) -> np.ndarray:
         """``f(X)``: shape (n,) for two classes (positive means ``classes_[1]``), (n, n_classes) otherwise: the
@@ -883,14 +891,14 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
 JokerClassifier.__doc__ = """Kernel classifier (hinge, squared hinge, logistic or squared loss) trained by DBCD-TR.
 
     Labels of any type; ``classes_`` is sorted. Binary problems fit one decision function ``f`` (positive
-    for ``classes_[1]``, trained on ``y = +1`` for ``classes_[1]``, ``-1`` otherwise); multi-class problems
-    fit one-vs-rest, all classes sharing one kernel / feature map and solved together (one trust-region
-    radius per class). ``predict`` is always the argmax of ``decision_function``; ``score`` is accuracy.
-    scikit-learn's SVC fits one-vs-one instead (a problem per pair of classes, on their points only), a different
-    model: ``sklearn.multiclass.OneVsOneClassifier(JokerClassifier(loss='hinge', fit_intercept=True, ...))`` is
-    SVC's (every pair's decision values are LIBSVM's). Its pairs are separate fits, each with a fit's fixed costs
-    (about 5 ms): at n = 4,000 it took 0.75-1.35x SVC's time with 3-6 classes, 2-9x with 10-26 (the engines
-    benchmark's ``--multiclass`` rows compare both with SVC).
+    for ``classes_[1]``, trained on ``y = +1`` for ``classes_[1]``, ``-1`` otherwise). Multi-class problems fit
+    one-vs-rest (``multi_class='ovr'``: a column per class on all points, the columns sharing one kernel / feature
+    map and solved together; ``predict`` is the argmax of ``decision_function``) or one-vs-one (``'ovo'``: a
+    binary problem per pair of classes on their points only; :mod:`joker_ext.one_vs_one`). With the hinge loss and
+    ``fit_intercept=True`` one-vs-one is SVC's own model (every pair's decision values are LIBSVM's, to its
+    tolerance), and its pairs are solved together by one compiled call: at n = 4,000 on five KEEL sets with 6-26
+    classes, 0.3-0.6x SVC's time where one-vs-rest took 1.0-1.4x (the engines benchmark's ``--multiclass`` rows).
+    ``score`` is accuracy.
 """ + _COMMON_PARAMS_DOC.format(losses="{'hinge', 'squared_hinge', 'logistic', 'squared'}",
                                 default_loss="hinge") + """    class_weight : dict, 'balanced' or None
         Multiplies C per class (``'balanced'``: ``n / (n_classes * count)``), as scikit-learn's SVC.
@@ -900,7 +908,17 @@ JokerClassifier.__doc__ = """Kernel classifier (hinge, squared hinge, logistic o
         (3 folds dealt per class from a hash of the rows seeded by ``random_state``; a fit costs about 3
         more fits) so that ``predict_proba`` is available; logistic loss gives probabilities natively
         (``probability`` is then ignored). Unlike SVC's Platt scaling, ``predict`` stays the argmax of
-        ``predict_proba``, and sample weights are equivalent to repeated rows.
+        ``predict_proba`` (one-vs-one: but for ties of votes), and sample weights are equivalent to repeated rows.
+    multi_class : {'auto', 'ovr', 'ovo'}, default 'auto'
+        Several classes: ``'ovr'`` one-vs-rest, ``'ovo'`` one-vs-one (exact kernels, one process, no
+        ``checkpoint``: each pair is a fit of its own). One-vs-one's ``decision_function`` gives each class its
+        votes plus a term in (-1/3, 1/3) from its pairs' decision values (SVC's ``decision_function_shape='ovr'``),
+        ``predict`` the class with the most votes, the first on a tie (SVC's); ``dual_coef_`` holds a column per
+        pair in SVC's order ``(0, 1), (0, 2), ..., (1, 2), ...`` (zero outside the pair's points; its decision value
+        is positive for the first class), ``intercept_`` an intercept per pair; ``relative_gap_`` is the worst
+        pair's, the objectives and ``duality_gap_`` are sums over the pairs. ``'auto'``: one-vs-one for the hinge
+        loss with ``fit_intercept=True`` where one-vs-one applies (SVC's model), one-vs-rest otherwise. Two classes
+        are one problem either way.
 """ + _COMMON_ATTRS_DOC + """    classes_ : ndarray (n_classes,)
     calibration_scale_ : float or None
         The temperature ``A`` (``probability=True`` with a non-logistic loss).

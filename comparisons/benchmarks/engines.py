@@ -19,7 +19,7 @@
    defaults (``make_classification``: d = 20; ``make_regression``: d = 100, raw and standardized targets;
    ``make_friedman1``), ``gamma='scale'``, not standardized.
 6. (``--multiclass``) KEEL sets with every class, hinge with the intercept: SVC's one-vs-one model
-   (``JokerClassifier(multi_class='ovo')``) and joker_ext's default one-vs-rest model, both against SVC (times,
+   (``JokerClassifier(multi_class='ovo')``) and the one-vs-rest model (``multi_class='ovr'``), both against SVC (times,
    ratios, relative gaps, agreement with SVC's predictions, training accuracy).
 """
 from __future__ import annotations
@@ -138,8 +138,9 @@ def multiclass_rows(name: str, n: int, points, device: str = "cpu") -> None:
     """Every class of the KEEL set ``name`` (loaded as in :func:`real_rows`) with the hinge loss and an intercept,
     against SVC: SVC's own model, one-vs-one (a problem per pair of classes, on their points only), which
     ``JokerClassifier(multi_class='ovo')`` fits (:mod:`joker_ext.one_vs_one`): the fit times and their ratio, the worst
-    pair's relative gap, and the share of training points on which the predictions are SVC's; then joker_ext's default
-    one-vs-rest model (one column per class, a different model), its time, ratio to SVC's and training accuracy."""
+    pair's relative gap, and the share of training points on which the predictions are SVC's; then the one-vs-rest model
+    (``multi_class='ovr'``: one column per class, a different model), its time, ratio to SVC's and training
+    accuracy."""
     from sklearn.svm import SVC
 
     from joker_ext import JokerClassifier

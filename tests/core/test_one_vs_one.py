@@ -197,3 +197,20 @@ def test_threads_give_the_same_model():
         torch.set_num_threads(threads)
     np.testing.assert_array_equal(one.dual_coef_, two.dual_coef_)
     np.testing.assert_array_equal(one.intercept_, two.intercept_)
+
+
+def test_auto_is_svcs_choice_where_one_vs_one_applies():
+    """``multi_class='auto'``: one-vs-one (a column per pair) for the hinge loss with an intercept on the exact kernel,
+    one-vs-rest (a column per class) otherwise, random features included (no error)."""
+    X, y = _classes(120, 4, seed=6)
+    pairs, classes = len(class_pairs(4)), 4
+    cases = [(dict(fit_intercept=True), pairs), (dict(fit_intercept=False), classes),
+             (dict(loss="squared_hinge", fit_intercept=True), classes),
+             (dict(fit_intercept=True, n_features=32), classes),
+             (dict(fit_intercept=True, multi_class="ovr"), classes),
+             (dict(loss="logistic", multi_class="ovo"), pairs)]
+    for params, columns in cases:
+        est = JokerClassifier(C=2.0, **params).fit(X, y)
+        width = (est.coef_ if est.coef_ is not None else est.dual_coef_).shape[1]
+        assert width == columns, params
+        assert est.decision_function(X).shape == (X.shape[0], classes)
