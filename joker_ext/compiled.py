@@ -72,7 +72,8 @@ def _calls() -> List[Tuple[object, Callable[[], None]]]:
     def pairs():  # no pair: the range is empty, the call only loads the loop
         empty, none = np.zeros(0), np.zeros(0, dtype=np.int64)
         one_vs_one._solve_range(points, former.family, former.scale, none, empty, np.zeros(1, dtype=np.int64), *[g] * 8,
-                                0.0, True, 1e-3, 1e-9, 0, 0, empty, empty, empty, np.zeros(0, dtype=np.bool_), none)
+                                0.0, True, 1e-3, 1e-9, 0, 0, np.zeros(0, dtype=np.bool_), empty, empty, empty,
+                                np.zeros(0, dtype=np.bool_), none)
 
     def steps(fn):
         return lambda: fn(R, have, former, outside, diag, h, 0.0, lo, hi, a.copy(), g.copy(), 1e-3, 1e-12, 2,

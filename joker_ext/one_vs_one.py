@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, List, NamedTuple, Tuple
+from typing import Callable, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
@@ -63,6 +63,10 @@ SPANS_PER_THREAD = 8
 #: Below this total of the pairs' squared sizes (about 2 ns each on one core) the pairs are solved on one thread:
 #: starting threads costs about 0.5 ms (iris, 3 pairs of 100 points: 1.95 ms a fit on two threads).
 THREADS_MIN_WORK = 2e6
+
+#: Largest kernel block of a pair the batch solves (bytes, ``8 m^2``; and at most the fit's ``max_memory`` over the
+#: threads): 1 GiB, pairs of up to 11,585 points. Larger pairs are solved by the engines, which bound their memory.
+PAIR_BLOCK_BYTES = 2.0 ** 30
 
 # pair status codes of the compiled driver
 _SOLVED, _UNSOLVED = 0, 1
@@ -275,10 +279,13 @@ def _solve_pair(points, family, scale, rows, y, lin_pos, lin_neg, h_pos, h_neg, 
 
 @_njit
 def _solve_range(points, family, scale, rows, y, offsets, lin_pos, lin_neg, h_pos, h_neg, lo_pos, lo_neg, hi_pos,
-                 hi_neg, kink, intercept, smo_tol, polish_tol, first, last, alpha, f, b, solved,
+                 hi_neg, kink, intercept, smo_tol, polish_tol, first, last, todo, alpha, f, b, solved,
                  steps):  # pragma: no cover - compiled
-    """:func:`_solve_pair` on pairs ``first`` to ``last - 1`` (concatenated as in :class:`PairSolution`)."""
+    """:func:`_solve_pair` on the pairs ``first`` to ``last - 1`` marked in ``todo`` (concatenated as in
+    :class:`PairSolution`)."""
     for p in range(first, last):
+        if not todo[p]:
+            continue
         s, e = offsets[p], offsets[p + 1]
         max_steps = MAX_STEPS_PER_POINT * (e - s) + 10_000
         ok, bp, taken = _solve_pair(points, family, scale, rows[s:e], y[s:e], lin_pos, lin_neg, h_pos, h_neg, lo_pos,
@@ -322,11 +329,13 @@ def _ranges(offsets: np.ndarray, parts: int) -> List[Tuple[int, int]]:
 
 
 def solve_pairs_batch(kernel, loss: Loss, X: torch.Tensor, y_idx: np.ndarray, c: torch.Tensor, k: int, *,
-                      intercept: bool, threads: int = 1) -> PairSolution:
-    """Every pair's problem by the compiled batch (see the module's docstring), on ``threads`` threads. ``X``: the
-    inputs (n x d, float64, CPU); ``c``: the costs ``C w`` (float64, n); the kernel's rows must be formable in the
-    loop (:func:`batch_applies`)."""
+                      intercept: bool, threads: int = 1, todo: Optional[np.ndarray] = None) -> PairSolution:
+    """The problems of the pairs marked in ``todo`` (default: all) by the compiled batch (see the module's
+    docstring), on ``threads`` threads; the others are left at zero, unsolved. ``X``: the inputs (n x d, float64,
+    CPU); ``c``: the costs ``C w`` (float64, n); the kernel's rows must be formable in the loop
+    (:func:`batch_applies`)."""
     rows, y, offsets = pair_rows(y_idx, k)
+    todo = np.ones(offsets.size - 1, dtype=np.bool_) if todo is None else np.asarray(todo, dtype=np.bool_)
     former = row_former(kernel, X)
     pos, neg = _dual_data(loss, c, 1.0), _dual_data(loss, c, -1.0)
     unit = max(float(np.abs(pos[0]).max()), float(np.abs(neg[0]).max()), float(loss.kink), 1e-300)
@@ -337,9 +346,10 @@ def solve_pairs_batch(kernel, loss: Loss, X: torch.Tensor, y_idx: np.ndarray, c:
     def run(span):
         _solve_range(former.points, former.family, former.scale, rows, y, offsets, pos[0], neg[0], pos[1], neg[1],
                      pos[2], neg[2], pos[3], neg[3], float(loss.kink), bool(intercept), SMO_TOL * unit,
-                     POLISH_TOL * unit, span[0], span[1], alpha, f, b, solved, steps)
+                     POLISH_TOL * unit, span[0], span[1], todo, alpha, f, b, solved, steps)
 
-    threads = max(1, int(threads)) if float((np.diff(offsets).astype(np.float64) ** 2).sum()) > THREADS_MIN_WORK else 1
+    work = float((np.diff(offsets).astype(np.float64)[todo] ** 2).sum())
+    threads = max(1, int(threads)) if work > THREADS_MIN_WORK else 1
     spans = _ranges(offsets, threads * SPANS_PER_THREAD if threads > 1 else 1)
     if threads == 1 or len(spans) == 1:
         for span in spans:
@@ -408,12 +418,16 @@ def fit_one_vs_one(plan, X: np.ndarray, y_idx: np.ndarray, k: int, *, fit_pair: 
     primal, dual, gap, rel = np.zeros(P), np.zeros(P), np.zeros(P), np.zeros(P)
     n_iter, statuses, done = np.zeros(P, dtype=np.int64), ["converged"] * P, np.zeros(P, dtype=bool)
     c = plan.c.detach().to(torch.float64).cpu()
-    if batch and plan.feature_map is None and batch_applies(plan.kernel, plan.loss, plan.device, c):
+    threads = torch.get_num_threads()
+    # the batch holds a pair's kernel block (m^2 numbers, touched only where the steps form rows) on each thread
+    budget = PAIR_BLOCK_BYTES if plan.memory_budget is None else min(PAIR_BLOCK_BYTES, plan.memory_budget / threads)
+    todo = 8.0 * np.diff(offsets).astype(np.float64) ** 2 <= budget
+    if batch and todo.any() and plan.feature_map is None and batch_applies(plan.kernel, plan.loss, plan.device, c):
         sol = solve_pairs_batch(plan.kernel, plan.loss, torch.from_numpy(np.asarray(X, dtype=np.float64)), y_idx, c,
-                                k, intercept=plan.intercept != "none", threads=torch.get_num_threads())
+                                k, intercept=plan.intercept != "none", threads=threads, todo=todo)
         primal, dual, gap, rel = pair_gaps(plan.loss, sol, c)
         # certified: to the tolerance, or, polished (solved exactly up to rounding), to the rounding floor
-        done = (rel <= plan.options.tol) | (sol.solved & (rel <= ROUNDING_GAP[torch.float64]))
+        done = todo & ((rel <= plan.options.tol) | (sol.solved & (rel <= ROUNDING_GAP[torch.float64])))
         kept = done[which]
         dual_coef[rows[kept], which[kept]] = sol.alpha[kept]
         intercept = np.where(done, sol.b, 0.0)

@@ -217,3 +217,22 @@ def test_auto_is_svcs_choice_where_one_vs_one_applies():
         width = (est.coef_ if est.coef_ is not None else est.dual_coef_).shape[1]
         assert width == columns, params
         assert est.decision_function(X).shape == (X.shape[0], classes)
+
+
+def test_pairs_above_the_block_cap_go_to_the_engines(monkeypatch):
+    """A pair whose kernel block would pass ``PAIR_BLOCK_BYTES`` is fitted by the engines; the model is the same."""
+    from joker_ext import one_vs_one
+
+    X, y = _classes(240, 4, seed=8)
+    y[:30] = 0  # one class larger than the others: its three pairs pass the cap below
+    sizes = np.diff(one_vs_one.pair_rows(y, 4)[2])
+    cap = 8.0 * float(np.sort(sizes)[-4]) ** 2
+    assert (8.0 * sizes.astype(float) ** 2 > cap).sum() == 3
+    reference = JokerClassifier(C=3.0, gamma=0.4, fit_intercept=True).fit(X, y)
+    fitted = []
+    pair_fit = JokerClassifier._fit_pair
+    monkeypatch.setattr(JokerClassifier, "_fit_pair", lambda self, *a: fitted.append(1) or pair_fit(self, *a))
+    monkeypatch.setattr(one_vs_one, "PAIR_BLOCK_BYTES", cap)
+    capped = JokerClassifier(C=3.0, gamma=0.4, fit_intercept=True).fit(X, y)
+    assert len(fitted) == 3
+    np.testing.assert_allclose(_pair_values(capped, X), _pair_values(reference, X), atol=1e-8)
