@@ -37,7 +37,7 @@ from .distributed import SingleProcess, row_shards
 from .kernels import Kernel, StationaryKernel, as_kernel, make_kernel, median_heuristic
 from .losses import Loss, get_loss
 from .model import KernelModel
-from .one_vs_one import fit_one_vs_one, ovr_scores, vote
+from .one_vs_one import coupled_probabilities, fit_one_vs_one, ovr_scores, vote
 from .plan import FitPlan, make_fit_plan
 from .validation import check_magnitude
 
@@ -863,11 +863,15 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
         """Class probabilities, columns in the order of ``classes_``.
 
         Logistic loss: ``sigmoid(f)`` (binary), or the one-vs-rest ``sigmoid(f_k)`` normalised to sum to
-        one. Hinge / squared hinge / squared loss with ``probability=True``: ``sigmoid(A f)`` or
-        ``softmax(A F)`` with the temperature ``A = calibration_scale_`` fitted on out-of-fold decision
-        values. In every case the argmax of the probabilities is ``predict``.
+        one, or, one-vs-one, the pairs' ``sigmoid(f_ij)`` coupled into one distribution
+        (:func:`joker_ext.one_vs_one.coupled_probabilities`). Hinge / squared hinge / squared loss with
+        ``probability=True``: ``sigmoid(A f)`` or ``softmax(A F)`` with the temperature ``A =
+        calibration_scale_`` fitted on out-of-fold decision values. The argmax of the probabilities is
+        ``predict``, except one-vs-one's ties of votes and its coupled probabilities.
         """
         check_is_fitted(self, "dual_coef_")
+        if self.loss_.name == "logistic" and self._pairwise():
+            return coupled_probabilities(self._decision(X), len(self.classes_))
         if self.loss_.name == "logistic":
             D = self.decision_function(X)
             P = expit(D)
@@ -918,7 +922,7 @@ JokerClassifier.__doc__ = """Kernel classifier (hinge, squared hinge, logistic o
         is positive for the first class), ``intercept_`` an intercept per pair; ``relative_gap_`` is the worst
         pair's, the objectives and ``duality_gap_`` are sums over the pairs. ``'auto'``: one-vs-one for the hinge
         loss with ``fit_intercept=True`` where one-vs-one applies (SVC's model), one-vs-rest otherwise. Two classes
-        are one problem either way.
+        are one problem either way. One-vs-one fits start from zero (``warm_start`` applies to one-vs-rest).
 """ + _COMMON_ATTRS_DOC + """    classes_ : ndarray (n_classes,)
     calibration_scale_ : float or None
         The temperature ``A`` (``probability=True`` with a non-logistic loss).

@@ -39,10 +39,10 @@ import torch
 from .kernel_rows import RowFormer, forms_rows, row_former
 from .defaults import ROUNDING_GAP
 from .losses import Loss
-from .smo import TAU, _formed, _free_sum_steps, _njit, _offsets, _pair_steps, numba
+from .smo import SHRINK_FIRST, TAU, _STEPS, _formed, _free_sum_steps, _njit, _offsets, _pair_steps, numba
 
 __all__ = ["class_pairs", "pair_rows", "PairSolution", "OneVsOneFit", "batch_applies", "solve_pairs_batch", "pair_gaps",
-           "fit_one_vs_one", "vote", "ovr_scores"]
+           "fit_one_vs_one", "vote", "ovr_scores", "coupled_probabilities"]
 
 #: Maximal violation (times the kernel's mean diagonal) at which the SMO steps hand a pair to the polish.
 SMO_TOL = 1e-3
@@ -67,9 +67,6 @@ THREADS_MIN_WORK = 2e6
 #: Largest kernel block of a pair the batch solves (bytes, ``8 m^2``; and at most the fit's ``max_memory`` over the
 #: threads): 1 GiB, pairs of up to 11,585 points. Larger pairs are solved by the engines, which bound their memory.
 PAIR_BLOCK_BYTES = 2.0 ** 30
-
-# pair status codes of the compiled driver
-_SOLVED, _UNSOLVED = 0, 1
 
 
 def class_pairs(k: int) -> List[Tuple[int, int]]:
@@ -237,11 +234,11 @@ def _solve_pair(points, family, scale, rows, y, lin_pos, lin_neg, h_pos, h_neg, 
         a[q] = 0.0
     g = -lin
     act = np.arange(m)
-    n_act, countdown = m, min(m, 200)
+    n_act, countdown = m, min(m, SHRINK_FIRST)
     taken = 0
     solved, b = False, 0.0
     tol = smo_tol
-    for _ in range(3):
+    for _ in range(POLISH_TRIES):
         while taken < max_steps:
             if intercept:
                 done, status, row, n_act, countdown = _pair_steps(R, have, former, outside, diag, h, kink, lo, hi, a,
@@ -252,7 +249,7 @@ def _solve_pair(points, family, scale, rows, y, lin_pos, lin_neg, h_pos, h_neg, 
                                                                       hi, a, g, tol, tau, max_steps - taken, act,
                                                                       n_act, countdown, 0)
             taken += done
-            if status != 1:  # converged, or a step that cannot be taken: on to the polish
+            if status != _STEPS:  # converged, or a step that cannot be taken: on to the polish
                 break
         for q in range(m):  # the rows of the free coordinates (moved, so formed, unless the start was free)
             if not have[q]:
@@ -462,3 +459,17 @@ def ovr_scores(F: np.ndarray, k: int) -> np.ndarray:
         s[:, i] += F[:, p]
         s[:, j] -= F[:, p]
     return vote(F, k) + s / (3.0 * (np.abs(s) + 1.0))
+
+
+def coupled_probabilities(F: np.ndarray, k: int) -> np.ndarray:
+    """Class probabilities (n x k) from the pairs' logistic decision values ``F`` (n x P): pair ``(i, j)`` says
+    ``r_ij = sigmoid(f_ij)`` for ``P(i | i or j)``, and the classes' probabilities are coupled from them as Price,
+    Kner, Personnaz and Dreyfus (1995) do, ``p_i proportional to 1 / (sum_{j != i} 1 / r_ij - (k - 2))`` (exact when
+    the ``r_ij`` are ``p_i / (p_i + p_j)`` of some distribution), normalised to sum to one."""
+    inverse = np.zeros((F.shape[0], k))
+    for p, (i, j) in enumerate(class_pairs(k)):
+        # 1 / sigmoid(t) = 1 + exp(-t), with exp's overflow clipped (a probability of 0 then)
+        inverse[:, i] += 1.0 + np.exp(np.minimum(-F[:, p], 700.0))
+        inverse[:, j] += 1.0 + np.exp(np.minimum(F[:, p], 700.0))
+    P = 1.0 / np.maximum(inverse - (k - 2), 1.0)
+    return P / P.sum(axis=1, keepdims=True)

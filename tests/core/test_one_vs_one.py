@@ -236,3 +236,23 @@ def test_pairs_above_the_block_cap_go_to_the_engines(monkeypatch):
     capped = JokerClassifier(C=3.0, gamma=0.4, fit_intercept=True).fit(X, y)
     assert len(fitted) == 3
     np.testing.assert_allclose(_pair_values(capped, X), _pair_values(reference, X), atol=1e-8)
+
+
+def test_coupled_probabilities_recover_a_distribution_from_its_pairs():
+    """Pairs' values that are the log-odds ``log(p_i / p_j)`` of one distribution couple back to it exactly."""
+    from joker_ext.one_vs_one import coupled_probabilities
+
+    rng = np.random.default_rng(0)
+    P = rng.dirichlet(np.ones(5), size=20)
+    F = np.column_stack([np.log(P[:, i] / P[:, j]) for i, j in class_pairs(5)])
+    np.testing.assert_allclose(coupled_probabilities(F, 5), P, rtol=1e-10)
+
+
+def test_logistic_one_vs_one_probabilities():
+    """Logistic one-vs-one: probabilities in [0, 1] summing to one, agreeing with the votes on most points."""
+    X, y = _classes(200, 4, seed=12)
+    est = JokerClassifier(loss="logistic", C=3.0, multi_class="ovo").fit(X, y)
+    P = est.predict_proba(X)
+    assert P.shape == (200, 4) and np.all(P >= 0)
+    np.testing.assert_allclose(P.sum(axis=1), 1.0, rtol=1e-12)
+    assert np.mean(est.classes_[P.argmax(axis=1)] == est.predict(X)) >= 0.95
