@@ -1,13 +1,14 @@
 """joker_ext's compiled loops, loaded when joker_ext is imported.
 
 The hot loops of the exact engines (the SMO phase's steps, :mod:`joker_ext.smo`; the kernel rows they form,
-:mod:`joker_ext.kernel_rows`; the pairs of a one-vs-one fit, :mod:`joker_ext.one_vs_one`; the block gathers and the float32 flush of :mod:`joker_ext.dense`) are compiled by numba
-and kept in numba's on-disk cache (``cache=True``). A process pays for them once, on their first call: numba's own
-set-up (0.1-0.2 s, on the first compiled call of the process) and each loop's machine code read from the cache (3-5 ms
-each). Left to the first fit, that made the first fit of a process 0.14-0.25 s slower than the next (optdigits, n =
-4000, hinge with an intercept: 161 against 20 ms, where scikit-learn's SVC takes 17 ms; flights, squared loss: 486
-against 238 ms). :func:`load` calls each loop once, on a few numbers of the types the fits pass, when joker_ext is
-imported (0.14 s more for an import of 1.1 s after torch's), so that every fit runs at its own speed.
+:mod:`joker_ext.kernel_rows`; the pairs of a one-vs-one fit, :mod:`joker_ext.one_vs_one`; the block gathers and the
+float32 flush of :mod:`joker_ext.dense`) are compiled by numba and kept in numba's on-disk cache (``cache=True``). A
+process pays for them once, on their first call: numba's own set-up (0.1-0.2 s, on the first compiled call of the
+process) and each loop's machine code read from the cache (3-5 ms each). Left to the first fit, that made the first fit
+of a process 0.14-0.25 s slower than the next (optdigits, n = 4000, hinge with an intercept: 161 against 20 ms, where
+scikit-learn's SVC takes 17 ms; flights, squared loss: 486 against 238 ms). :func:`load` calls each loop once, on a few
+numbers of the types the fits pass, when joker_ext is imported (0.14 s more for an import of 1.1 s after torch's), so
+that every fit runs at its own speed.
 
 Only loops already in numba's cache are loaded: after installing joker_ext (or where the cache does not persist
 from one process to the next) the first fit compiles the loops it calls, once (the first hinge fit with an intercept

@@ -10,11 +10,11 @@ first of them on a tie), as LIBSVM's.
 points), and a fit through the working-set engine has fixed costs of about 3 ms (its sets, factors and certificates
 in Python) where the problem's own steps take 0.3 ms: 325 separate fits took 8x SVC's time. For the box-QP losses
 (hinge, squared hinge, squared: those of :mod:`joker_ext.smo`) with a kernel whose rows the compiled loop forms
-(:func:`joker_ext.kernel_rows.forms_rows`), on the CPU, one compiled call solves a range of pairs (two ranges on two
-threads), each pair in three steps:
+(:func:`joker_ext.kernel_rows.forms_rows`), on the CPU, one compiled call solves a range of pairs (the threads take
+ranges in turn), each pair in three steps:
 
 1. SMO steps (:func:`joker_ext.smo._pair_steps`, or the steps without an intercept) from zero to a maximal
-   violation of ``SMO_TOL`` (times the kernel's diagonal), forming the rows they read;
+   violation of ``SMO_TOL`` (times the targets' scale), forming the rows they read;
 2. a polish: the KKT system on the free coordinates found (``(K_FF + diag h_F) a_F + b 1 = lin_F - kink sign_F -
    K_FA a_A``, ``1^T a_F = -1^T a_A``; without an intercept no border), solved exactly; kept when its solution stays
    inside the box (on its side of the kink) and the coordinates at a bound satisfy their conditions to
@@ -23,9 +23,14 @@ threads), each pair in three steps:
 3. ``K a`` recomputed from the formed rows (free of the steps' rounding) for the certificate.
 
 Each pair is then certified by its duality gap, computed as the engines compute it (:func:`pair_gaps`), and a pair
-whose relative gap is above the fit's tolerance (or the rounding floor, for a polished pair) is solved again by the
-working-set engine, from the batch's point. Every other loss, kernel or device solves each pair with the engines
-(``fallback`` of :func:`fit_pairs`).
+whose relative gap is above the fit's tolerance (or the rounding floor, for a polished pair) is fitted again by the
+engines, a binary fit of its own (``fit_pair`` of :func:`fit_one_vs_one`); so is every pair of another loss, kernel
+or device, or whose kernel block would pass ``PAIR_BLOCK_BYTES``.
+
+Cost per pair of ``m`` points: the SMO steps (``O(m)`` each, LIBSVM's count), the rows they read (``O(m d)`` each),
+the polish (``|F|^3 / 3`` for ``F`` free coordinates) and ``K a`` (``O(m)`` per support vector). Memory: a pair's
+block ``m x m`` per thread, touched only in the rows the steps read; the model's coefficients are ``n x k (k - 1) /
+2``.
 """
 from __future__ import annotations
 
@@ -36,17 +41,17 @@ from typing import Callable, List, NamedTuple, Optional, Tuple
 import numpy as np
 import torch
 
-from .kernel_rows import RowFormer, forms_rows, row_former
 from .defaults import ROUNDING_GAP
+from .kernel_rows import RowFormer, forms_rows, row_former
 from .losses import Loss
 from .smo import SHRINK_FIRST, TAU, _STEPS, _formed, _free_sum_steps, _njit, _offsets, _pair_steps, numba
 
 __all__ = ["class_pairs", "pair_rows", "PairSolution", "OneVsOneFit", "batch_applies", "solve_pairs_batch", "pair_gaps",
            "fit_one_vs_one", "vote", "ovr_scores", "coupled_probabilities"]
 
-#: Maximal violation (times the kernel's mean diagonal) at which the SMO steps hand a pair to the polish.
+#: Maximal violation (times the targets' scale, ``max |lin|``) at which the SMO steps hand a pair to the polish.
 SMO_TOL = 1e-3
-#: Largest violation (times the mean diagonal) of a polished solution's conditions at the bounds.
+#: Largest violation (times the same scale) of a polished solution's conditions at the bounds.
 POLISH_TOL = 1e-9
 #: Polishes per pair before the batch gives it up (each after SMO to a tolerance 100 times smaller).
 POLISH_TRIES = 3
@@ -77,7 +82,7 @@ def class_pairs(k: int) -> List[Tuple[int, int]]:
 class PairSolution(NamedTuple):
     """The batch's solutions: ``alpha`` and ``f = K_pp alpha`` concatenated over the pairs (pair ``p`` at
     ``offsets[p]:offsets[p + 1]``, its rows ``rows[...]``, targets ``y[...]``), the intercepts ``b``, and per pair
-    whether it was solved (``solved``) and polished, and the SMO steps it took."""
+    whether its polish solved it (``solved``) and the SMO steps it took."""
     rows: np.ndarray
     y: np.ndarray
     offsets: np.ndarray
@@ -101,9 +106,14 @@ def batch_applies(kernel, loss: Loss, device: torch.device, c: torch.Tensor) -> 
 
 
 @_njit
-def _polish(R, diag, h, kink, lo, hi, lin, a, g, intercept, tol):  # pragma: no cover - compiled
-    """Solve the KKT system on the free coordinates of ``a`` (its rows in ``R``) exactly; on success ``a`` and ``g``
-    take the solution and the intercept is returned with True, else ``a`` and ``g`` are left and False returned."""
+def _polish(R, h, kink, lo, hi, lin, a, g, intercept, tol):  # pragma: no cover - compiled
+    """Solve the KKT system of the free coordinates ``F`` of ``a`` (their rows in ``R``) exactly::
+
+        (K_FF + diag h_F) a_F + b 1 = lin_F - kink sign(a_F) - K_FA a_A,    1^T a_F = -1^T a_A
+
+    (no ``b`` and no second equation without an intercept; ``K_FA a_A`` read off ``g = K a + h a - lin``). When the
+    solution stays in its box and the other coordinates' conditions hold to ``tol`` at it, ``a`` and ``g`` take it
+    and ``(True, b)`` is returned; otherwise ``(False, 0)``, ``a`` and ``g`` unchanged."""
     m = a.shape[0]
     free = np.empty(m, dtype=np.int64)
     nf = 0
@@ -255,7 +265,7 @@ def _solve_pair(points, family, scale, rows, y, lin_pos, lin_neg, h_pos, h_neg, 
             if not have[q]:
                 if lo[q] < a[q] < hi[q]:
                     _formed(R, have, former, q)
-        solved, b = _polish(R, diag, h, kink, lo, hi, lin, a, g, intercept, polish_tol)
+        solved, b = _polish(R, h, kink, lo, hi, lin, a, g, intercept, polish_tol)
         if solved or taken >= max_steps:
             break
         tol *= 0.01

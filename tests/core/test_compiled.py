@@ -4,8 +4,8 @@ Each check runs in a fresh interpreter: numba's dispatchers only ever gain signa
 did before would hide a missing one. In one interpreter the loops are left to their first call
 (``JOKER_EXT_LAZY_LOAD=1``) and a handful of fits (hinge with and without an intercept, with blocks of shrunk
 coordinates and rows from the cache; epsilon-insensitive; squared loss with its float32 factor; one-vs-rest on
-threads; one-vs-one) record what they compile or read from numba's cache; in another, joker_ext is only imported. Every
-signature the fits needed must be among those the import loaded: otherwise the first fit of a process reads or
+threads; one-vs-one) record what they compile or read from numba's cache; in another, joker_ext is only imported.
+Every signature the fits needed must be among those the import loaded: otherwise the first fit of a process reads or
 compiles machine code after all.
 """
 import json
@@ -35,7 +35,7 @@ if sys.argv[1] == "fits":
     JokerRegressor(loss="epsilon_insensitive", C=10.0, epsilon=0.1, fit_intercept=True).fit(X, y)
     JokerRegressor(loss="squared", C=10.0).fit(X, y)
     X, y = make_classification(n_samples=600, n_features=6, n_informative=4, n_classes=3, random_state=0)
-    JokerClassifier(loss="hinge", C=10.0, fit_intercept=True).fit(X, y)
+    JokerClassifier(loss="hinge", C=10.0, fit_intercept=True, multi_class="ovr").fit(X, y)
     JokerClassifier(loss="hinge", C=10.0, fit_intercept=True, multi_class="ovo").fit(X, y)
 print(json.dumps({f"{m.__name__}.{k}": [str(s) for s in v.signatures] for m in (dense, kernel_rows, one_vs_one, smo)
                   for k, v in vars(m).items() if isinstance(v, Dispatcher)}))

@@ -380,7 +380,7 @@ def test_one_vs_rest_columns_on_threads_end_where_they_end_one_after_another_at_
     assert bool(blocks) == compact
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
-    clf = JokerClassifier(loss="hinge", C=2.0, gamma=1.0, fit_intercept=True, tol=1e-10).fit(X, y)
+    clf = JokerClassifier(loss="hinge", C=2.0, gamma=1.0, fit_intercept=True, tol=1e-10, multi_class="ovr").fit(X, y)
     assert clf.relative_gap_ <= 1e-10
     for k in range(4):
         ref = SVC(C=2.0, gamma=1.0, tol=1e-10).fit(X, (y == k).astype(int))
@@ -415,7 +415,8 @@ def test_columns_on_threads_beyond_form_max_dim_form_their_rows_in_the_loop_not_
     monkeypatch.setattr(smo, "smo_phase", checked)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     gamma = 1.0 / 40
-    clf = JokerClassifier(loss="hinge", C=2.0, gamma=gamma, fit_intercept=True, tol=1e-10).fit(X, y)
+    clf = JokerClassifier(loss="hinge", C=2.0, gamma=gamma, fit_intercept=True, tol=1e-10,
+                          multi_class="ovr").fit(X, y)
     assert len(seen) == 3 and all(every and before == after == seen[0][1] for every, before, after in seen)
     assert bool(blocks) == compact
     assert clf.relative_gap_ <= 1e-10
