@@ -660,11 +660,12 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
 
     def _multi_class(self, loss: Loss) -> str:
         """``multi_class`` resolved: 'auto' is 'ovo' for the hinge loss with an intercept on the exact kernel (SVC's
-        model; one process, no checkpoint), else 'ovr'."""
+        model) on the CPU (where the pairs are solved together), in one process, without a checkpoint; else 'ovr'."""
         if self.multi_class != "auto":
             return self.multi_class
         svc = loss.name == "hinge" and self.fit_intercept and self.n_features is None
-        return "ovo" if svc and not self.distributed and self.checkpoint is None else "ovr"
+        cpu = resolve_device(self.device).type == "cpu"
+        return "ovo" if svc and cpu and not self.distributed and self.checkpoint is None else "ovr"
 
     @staticmethod
     def _targets(y_idx: np.ndarray, k: int) -> np.ndarray:
@@ -915,14 +916,15 @@ JokerClassifier.__doc__ = """Kernel classifier (hinge, squared hinge, logistic o
         ``predict_proba`` (one-vs-one: but for ties of votes), and sample weights are equivalent to repeated rows.
     multi_class : {'auto', 'ovr', 'ovo'}, default 'auto'
         Several classes: ``'ovr'`` one-vs-rest, ``'ovo'`` one-vs-one (exact kernels, one process, no
-        ``checkpoint``: each pair is a fit of its own). One-vs-one's ``decision_function`` gives each class its
-        votes plus a term in (-1/3, 1/3) from its pairs' decision values (SVC's ``decision_function_shape='ovr'``),
-        ``predict`` the class with the most votes, the first on a tie (SVC's); ``dual_coef_`` holds a column per
-        pair in SVC's order ``(0, 1), (0, 2), ..., (1, 2), ...`` (zero outside the pair's points; its decision value
-        is positive for the first class), ``intercept_`` an intercept per pair; ``relative_gap_`` is the worst
-        pair's, the objectives and ``duality_gap_`` are sums over the pairs. ``'auto'``: one-vs-one for the hinge
-        loss with ``fit_intercept=True`` where one-vs-one applies (SVC's model), one-vs-rest otherwise. Two classes
-        are one problem either way. One-vs-one fits start from zero (``warm_start`` applies to one-vs-rest).
+        ``checkpoint``: each pair is a fit of its own; its pairs are solved together on the CPU, one fit after
+        another elsewhere). One-vs-one's ``decision_function`` gives each class its votes plus a term in (-1/3, 1/3)
+        from its pairs' decision values (SVC's ``decision_function_shape='ovr'``), ``predict`` the class with the
+        most votes, the first on a tie (SVC's); ``dual_coef_`` holds a column per pair in SVC's order ``(0, 1), (0,
+        2), ..., (1, 2), ...`` (zero outside the pair's points; its decision value is positive for the first class),
+        ``intercept_`` an intercept per pair; ``relative_gap_`` is the worst pair's, the objectives and
+        ``duality_gap_`` are sums over the pairs; fits start from zero (``warm_start`` applies to one-vs-rest).
+        ``'auto'``: one-vs-one for the hinge loss with ``fit_intercept=True`` on the CPU where one-vs-one applies
+        (SVC's model), one-vs-rest otherwise. Two classes are one problem either way.
 """ + _COMMON_ATTRS_DOC + """    classes_ : ndarray (n_classes,)
     calibration_scale_ : float or None
         The temperature ``A`` (``probability=True`` with a non-logistic loss).

@@ -104,3 +104,17 @@ def test_nystrom_logistic_at_a_tiny_penalty_on_cuda_matches_the_cpu():
     assert abs(gpu.result_.primal - cpu.result_.primal) <= 1e-8 * abs(cpu.result_.primal)
     f_cpu, f_gpu = cpu.predict(X), gpu.predict(X).cpu()
     np.testing.assert_allclose(f_gpu, f_cpu, rtol=0, atol=1e-4 * float(f_cpu.abs().max()))
+
+
+def test_one_vs_one_on_cuda_is_the_cpus_model():
+    """``multi_class='ovo'`` on a GPU fits each pair there (the compiled batch is the CPU's): the CPU's model; and
+    'auto' on a GPU is one-vs-rest (a column per class)."""
+    from sklearn.datasets import make_classification
+
+    X, y = make_classification(n_samples=240, n_features=5, n_informative=4, n_redundant=0, n_classes=4,
+                               n_clusters_per_class=1, random_state=0)
+    params = dict(C=2.0, gamma=0.3, fit_intercept=True)
+    cpu = JokerClassifier(**params, multi_class="ovo").fit(X, y)
+    gpu = JokerClassifier(**params, multi_class="ovo", device="cuda").fit(X, y)
+    np.testing.assert_allclose(gpu.decision_function(X), cpu.decision_function(X), atol=1e-7)
+    assert JokerClassifier(**params, device="cuda").fit(X, y).dual_coef_.shape[1] == 4

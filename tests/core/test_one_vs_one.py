@@ -85,11 +85,12 @@ def test_hinge_with_intercept_is_svcs_model(monkeypatch, k, C):
 
 
 def test_weights_and_repeated_points_match_svc():
-    """Class weights, sample weights and repeated points (a singular free block) as SVC weighs them."""
+    """Class weights, sample weights (some zero) and repeated points (a singular free block) as SVC weighs them."""
     X, y = _classes(240, 4, seed=7)
     X = np.vstack([X, X[:40]])  # 40 points twice, with their labels
     y = np.concatenate([y, y[:40]])
     w = np.random.default_rng(1).uniform(0.2, 3.0, size=y.size)
+    w[::17] = 0.0  # points without weight: left out, as SVC leaves them
     Xnew = np.random.default_rng(2).normal(size=(50, X.shape[1]))
     est = JokerClassifier(C=5.0, gamma=0.4, fit_intercept=True, multi_class="ovo", class_weight="balanced")
     est.fit(X, y, sample_weight=w)
