@@ -280,17 +280,22 @@ class _JokerBase(BaseEstimator):
         b = np.atleast_1d(np.asarray(b, dtype=np.float64))
         return b if b.shape == (n_targets,) else None
 
-    def _fit_targets(self, X, Y: np.ndarray, sample_weight, loss: Loss, shards: SingleProcess):
-        """Common part of ``fit`` once targets are an (n, T) float array (this rank's rows of them)."""
+    def _weighted_rows(self, X, sample_weight, shards: SingleProcess):
+        """Check the inputs and weights of a fit: ``(w, keep)``, the weights (ones by default) and the rows of
+        positive weight, which the fit uses (the others leave the problem unchanged)."""
         self._check_bandwidth_params()
         check_magnitude(X, "X", dtype=resolve_dtype(self.dtype))  # squared distances must not overflow
-        n = X.shape[0]
-        w = np.ones(n) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
+        w = np.ones(X.shape[0]) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
         if shards.any(np.any(w < 0)):
             raise ValueError("sample_weight must be non-negative, got negative weights")
         keep = w > 0
         if not shards.distributed and not np.any(keep):
             raise ValueError("sample_weight must have at least one positive weight, got all zeros")
+        return w, keep
+
+    def _fit_targets(self, X, Y: np.ndarray, sample_weight, loss: Loss, shards: SingleProcess):
+        """Common part of ``fit`` once targets are an (n, T) float array (this rank's rows of them)."""
+        w, keep = self._weighted_rows(X, sample_weight, shards)
         Xk, Yk, wk = (X, Y, w) if keep.all() else (X[keep], Y[keep], w[keep])
         # rows over all ranks (an empty shard, e.g. all its weights zero, is an error on every rank)
         n_all = shards.plan(Xk.shape[0], Xk.shape[1]) if shards.distributed else Xk.shape[0]
@@ -684,12 +689,8 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
             if bad:
                 raise ValueError(f"multi_class='ovo' needs {name}={expected}, got {name}="
                                  f"{getattr(self, name)!r}; multi_class='ovr' supports it")
-        self._check_bandwidth_params()
-        check_magnitude(X, "X", dtype=resolve_dtype(self.dtype))
-        if np.any(sample_weight < 0):
-            raise ValueError("sample_weight must be non-negative, got negative weights")
-        keep = sample_weight > 0
-        X, y_idx, w = X[keep], y_idx[keep], sample_weight[keep]
+        w, keep = self._weighted_rows(X, sample_weight, shards)
+        X, y_idx, w = X[keep], y_idx[keep], w[keep]
         present = np.unique(y_idx)
         if present.size < len(self.classes_):
             raise ValueError(f"multi_class='ovo' needs points of positive weight in every class; the classes "
