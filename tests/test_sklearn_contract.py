@@ -43,10 +43,11 @@ def test_classifier_check_estimator(loss, mode):
         JokerRegressor(loss="epsilon_insensitive", fit_intercept=True, n_features=64),
         JokerClassifier(loss="squared_hinge", probability=True),
         JokerClassifier(fit_intercept=True, multi_class="ovo"),
-        JokerClassifier(loss="logistic", multi_class="ovo", probability=True),
+        JokerClassifier(loss="logistic", multi_class="ovo"),
+        JokerClassifier(fit_intercept=True, probability=True),
     ],
     ids=["hinge-intercept", "svr-intercept-rff64", "squared_hinge-probability", "hinge-intercept-ovo",
-         "logistic-ovo-probability"],
+         "logistic-ovo", "hinge-intercept-auto-probability"],
 )
 def test_variants_check_estimator(estimator):
     _run_checks(estimator)
