@@ -699,7 +699,7 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
         plan = self._fit_plan(self._build_kernel(X), loss, X.shape[0], w)
         self._set_fitted_plan(plan)
         fit = fit_one_vs_one(plan, X, y_idx, len(self.classes_),
-                             fit_pair=lambda rows, y: self._fit_pair(plan, X[rows], y, w[rows]),
+                             fit_pair=lambda rows, y, start: self._fit_pair(plan, X[rows], y, w[rows], start),
                              batch=self.solver == "auto")
         self.fit_plan_ = plan
         self.X_fit_ = np.asarray(X, dtype=np.float64 if self.dtype_ == torch.float64 else np.float32)
@@ -721,13 +721,18 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
                           f"duality gap {self.relative_gap_:.2e}{_STOP_ADVICE.get(self.status_, '')}",
                           ConvergenceWarning)
 
-    def _fit_pair(self, plan: FitPlan, X: np.ndarray, y: np.ndarray, w: np.ndarray) -> "JokerClassifier":
+    def _fit_pair(self, plan: FitPlan, X: np.ndarray, y: np.ndarray, w: np.ndarray,
+                  start: Optional[tuple] = None) -> "JokerClassifier":
         """One pair's binary fit by the engines: this estimator's parameters with the fitted kernel (its
-        bandwidth from all the data) and the pair's weights (class weights included)."""
+        bandwidth from all the data) and the pair's weights (class weights included); from ``start`` (dual
+        coefficients and intercept of these rows), when given, as a warm start."""
         from sklearn.base import clone
 
-        pair = clone(self).set_params(probability=False, warm_start=False, class_weight=None,
+        pair = clone(self).set_params(probability=False, warm_start=start is not None, class_weight=None,
                                       kernel=plan.kernel, sigma="median", gamma=None)
+        if start is not None:  # as if the pair had been fitted to ``start`` on these very rows
+            pair._fit_fingerprint = _fingerprint(X, self._targets((y > 0).astype(np.int64), 2), w)
+            pair.dual_coef_, pair.intercept_ = np.reshape(start[0], (-1, 1)), np.array([start[1]])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)  # (reported once, for the whole fit)
             return pair.fit(X, y, sample_weight=w)

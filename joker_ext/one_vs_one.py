@@ -416,8 +416,9 @@ def fit_one_vs_one(plan, X: np.ndarray, y_idx: np.ndarray, k: int, *, fit_pair: 
                    ) -> OneVsOneFit:
     """Solve every pair of classes of the fit plan ``plan`` (:class:`joker_ext.plan.FitPlan`: kernel, loss, costs
     ``c``, intercept, tolerance) on the inputs ``X`` (n x d) with class indices ``y_idx``: the compiled batch where
-    it applies (``batch`` and :func:`batch_applies`), certified pair by pair, and ``fit_pair(rows, y)`` (a fitted
-    binary estimator on those rows with targets +1 / -1) for the rest."""
+    it applies (``batch`` and :func:`batch_applies`), certified pair by pair, and ``fit_pair(rows, y, start)`` (a
+    fitted binary estimator on those rows with targets +1 / -1, from ``start``: the batch's ``(alpha, b)`` where it
+    tried the pair, else None) for the rest."""
     rows, y, offsets = pair_rows(y_idx, k)
     P = offsets.size - 1
     which = np.repeat(np.arange(P), np.diff(offsets))
@@ -425,6 +426,7 @@ def fit_one_vs_one(plan, X: np.ndarray, y_idx: np.ndarray, k: int, *, fit_pair: 
     primal, dual, gap, rel = np.zeros(P), np.zeros(P), np.zeros(P), np.zeros(P)
     n_iter, statuses, done = np.zeros(P, dtype=np.int64), ["converged"] * P, np.zeros(P, dtype=bool)
     c = plan.c.detach().to(torch.float64).cpu()
+    sol = None
     threads = torch.get_num_threads()
     # the batch holds a pair's kernel block (m^2 numbers, touched only where the steps form rows) on each thread
     budget = PAIR_BLOCK_BYTES if plan.memory_budget is None else min(PAIR_BLOCK_BYTES, plan.memory_budget / threads)
@@ -441,7 +443,10 @@ def fit_one_vs_one(plan, X: np.ndarray, y_idx: np.ndarray, k: int, *, fit_pair: 
         n_iter = sol.steps.copy()
     for p in np.flatnonzero(~done):
         span = slice(offsets[p], offsets[p + 1])
-        est = fit_pair(rows[span], y[span])
+        # a pair the batch left uncertified starts from its point (at large C its gap was within the rounding noise
+        # of f = K alpha but above the floor: satimage, C = 1000)
+        start = (sol.alpha[span], float(sol.b[p])) if todo[p] and sol is not None else None
+        est = fit_pair(rows[span], y[span], start)
         dual_coef[rows[span], p] = est.dual_coef_[:, 0]
         intercept[p] = float(np.ravel(est.intercept_)[0])
         primal[p], dual[p], gap[p], rel[p] = (est.primal_objective_, est.dual_objective_, est.duality_gap_,

@@ -257,3 +257,27 @@ def test_logistic_one_vs_one_probabilities():
     assert P.shape == (200, 4) and np.all(P >= 0)
     np.testing.assert_allclose(P.sum(axis=1), 1.0, rtol=1e-12)
     assert np.mean(est.classes_[P.argmax(axis=1)] == est.predict(X)) >= 0.95
+
+
+def test_uncertified_pairs_start_the_engines_from_the_batchs_point(monkeypatch):
+    """A pair the batch tried but did not certify is fitted by the engines from the batch's point (a warm start that
+    the engines take: ``alpha0`` reaches the fit), and the model is the batch's."""
+    from joker_ext import one_vs_one
+    from joker_ext.plan import FitPlan
+
+    X, y = _classes(200, 3, seed=13)
+    reference = JokerClassifier(C=3.0, gamma=0.4, fit_intercept=True).fit(X, y)
+    gaps = one_vs_one.pair_gaps
+
+    def uncertified(*args):  # every pair's gap too large for the batch to keep it
+        primal, dual, gap, rel = gaps(*args)
+        return primal, dual, gap, np.full_like(rel, np.inf)
+
+    starts = []
+    fit = FitPlan.fit
+    monkeypatch.setattr(one_vs_one, "pair_gaps", uncertified)
+    monkeypatch.setattr(FitPlan, "fit", lambda self, *a, **run: starts.append(run.get("alpha0")) or fit(self, *a, **run))
+    refitted = JokerClassifier(C=3.0, gamma=0.4, fit_intercept=True).fit(X, y)
+    assert len(starts) == 3 and all(s is not None and torch.count_nonzero(s) > 0 for s in starts)
+    np.testing.assert_allclose(_pair_values(refitted, X), _pair_values(reference, X), atol=1e-8)
+    assert refitted.relative_gap_ <= 1e-11
