@@ -276,7 +276,8 @@ def test_uncertified_pairs_start_the_engines_from_the_batchs_point(monkeypatch):
     starts = []
     fit = FitPlan.fit
     monkeypatch.setattr(one_vs_one, "pair_gaps", uncertified)
-    monkeypatch.setattr(FitPlan, "fit", lambda self, *a, **run: starts.append(run.get("alpha0")) or fit(self, *a, **run))
+    monkeypatch.setattr(FitPlan, "fit",
+                        lambda self, *a, **run: starts.append(run.get("alpha0")) or fit(self, *a, **run))
     refitted = JokerClassifier(C=3.0, gamma=0.4, fit_intercept=True).fit(X, y)
     assert len(starts) == 3 and all(s is not None and torch.count_nonzero(s) > 0 for s in starts)
     np.testing.assert_allclose(_pair_values(refitted, X), _pair_values(reference, X), atol=1e-8)
