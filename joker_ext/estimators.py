@@ -908,7 +908,7 @@ JokerClassifier.__doc__ = """Kernel classifier (hinge, squared hinge, logistic o
     binary problem per pair of classes on their points only; :mod:`joker_ext.one_vs_one`). With the hinge loss and
     ``fit_intercept=True`` one-vs-one is SVC's own model (every pair's decision values are LIBSVM's, to its
     tolerance), and its pairs are solved together by one compiled call: at n = 4,000 on five KEEL sets with 6-26
-    classes, 0.3-0.6x SVC's time where one-vs-rest took 1.0-1.4x (the engines benchmark's ``--multiclass`` rows).
+    classes, 0.3-0.8x SVC's time where one-vs-rest took 1.0-1.5x (the engines benchmark's ``--multiclass`` rows).
     ``score`` is accuracy.
 """ + _COMMON_PARAMS_DOC.format(losses="{'hinge', 'squared_hinge', 'logistic', 'squared'}",
                                 default_loss="hinge") + """    class_weight : dict, 'balanced' or None
