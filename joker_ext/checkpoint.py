@@ -194,8 +194,10 @@ def save_estimator(estimator, path: PathLike) -> Path:
         "kernel": kernel_desc,
         "y_1d": bool(getattr(estimator, "_y_1d", True)),
         "n_features_in": int(estimator.n_features_in_),
+        # (``_one_vs_one_fit``: whether a classifier's columns are pairs of classes, as fitted)
         "fit": {k: getattr(estimator, k) for k in ("n_iter_", "status_", "primal_objective_", "dual_objective_",
-                                                    "duality_gap_", "relative_gap_", "block_size_", "solver_")
+                                                    "duality_gap_", "relative_gap_", "block_size_", "solver_",
+                                                    "_one_vs_one_fit")
                 if hasattr(estimator, k)},
     }
     tensors = {

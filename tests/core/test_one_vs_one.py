@@ -157,8 +157,13 @@ def test_two_classes_fit_one_problem():
 
 
 def test_saved_and_pickled_models_predict_the_same(tmp_path):
+    """Saved (or pickled) and loaded, a one-vs-one model predicts as before, even with ``multi_class`` changed after
+    the fit (the model is what was fitted)."""
     X, y = _classes(150, 3, seed=2)
-    est = JokerClassifier(C=2.0, fit_intercept=True, multi_class="ovo").fit(X, y)
+    est = JokerClassifier(C=2.0, fit_intercept=True).fit(X, y)
+    before = est.decision_function(X)
+    est.set_params(multi_class="ovr")
+    np.testing.assert_array_equal(est.decision_function(X), before)
     path = save_estimator(est, tmp_path / "ovo.pt")
     for other in (load_estimator(path), pickle.loads(pickle.dumps(est))):
         np.testing.assert_array_equal(other.predict(X), est.predict(X))
