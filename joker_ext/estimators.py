@@ -837,9 +837,10 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
         return softmax(A * D, axis=1)
 
     def _pairwise(self) -> bool:
-        """Whether the fitted model is one-vs-one (``dual_coef_``'s columns are pairs of classes)."""
+        """Whether the fitted model is one-vs-one (``dual_coef_``'s columns are pairs of classes); a model saved before
+        one-vs-one existed has no such flag and is one-vs-rest."""
         check_is_fitted(self, "dual_coef_")
-        return len(self.classes_) > 2 and getattr(self, "_one_vs_one_fit", self._multi_class(self.loss_) == "ovo")
+        return len(self.classes_) > 2 and getattr(self, "_one_vs_one_fit", False)
 
     def decision_function(self, X) -> np.ndarray:
         """``f(X)``: shape (n,) for two classes (positive means ``classes_[1]``), (n, n_classes) otherwise: the

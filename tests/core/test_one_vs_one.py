@@ -287,3 +287,15 @@ def test_uncertified_pairs_start_the_engines_from_the_batchs_point(monkeypatch):
     assert len(starts) == 3 and all(s is not None and torch.count_nonzero(s) > 0 for s in starts)
     np.testing.assert_allclose(_pair_values(refitted, X), _pair_values(reference, X), atol=1e-8)
     assert refitted.relative_gap_ <= 1e-11
+
+
+def test_a_model_from_before_one_vs_one_reads_as_one_vs_rest():
+    """A fitted classifier without the one-vs-one flag (saved before one-vs-one existed, when several classes were
+    always one-vs-rest) keeps predicting one-vs-rest, even where 'auto' would now fit one-vs-one."""
+    X, y = _classes(150, 3, seed=4)
+    est = JokerClassifier(C=2.0, fit_intercept=True, multi_class="ovr").fit(X, y)
+    before = est.decision_function(X)
+    est.set_params(multi_class="auto")
+    del est._one_vs_one_fit
+    np.testing.assert_array_equal(est.decision_function(X), before)
+    np.testing.assert_array_equal(est.predict(X), est.classes_[before.argmax(axis=1)])
