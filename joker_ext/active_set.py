@@ -199,6 +199,29 @@ def supports_active_set(loss: Loss) -> bool:
     return bool(getattr(loss, "quadratic", False))
 
 
+def box_qp(loss: Loss, y, c):
+    """The data of one column's box QP (the module's problem): ``(lin, h, lo, hi)`` with ``lin = y - psi'(0)``,
+    ``h = psi''(0)`` and ``[lo, hi]`` the box of each coordinate."""
+    zero = torch.zeros_like(y)
+    lo, hi = loss.box(y, c)
+    return y - loss.psi_grad(zero, y, c), loss.psi_hess(zero, y, c), lo, hi
+
+
+def certificate(loss: Loss, Y, F, alpha, c, b, *, b_rows=None, total=None):
+    """``(primal, dual, gap, rel_gap)`` of ``(K alpha + b, alpha)`` (alpha feasible), the engines' certificate:
+    ``primal = 1/2 total(alpha F) + total(c l(Y, F + b))``, ``dual = 1/2 total(alpha F) + total(psi*(alpha))``,
+    ``gap = total(FY(Y, F + b, alpha)) - b total(alpha)`` (Fenchel-Young terms), ``rel_gap = gap / max(|primal|,
+    |dual|)``. ``total`` reduces the rows (default: each column's sum); ``b_rows``, ``b`` as added to each row of
+    ``F`` (default ``b``, one per column)."""
+    total = (lambda v: v.sum(0)) if total is None else total
+    pred = F + (b if b_rows is None else b_rows)
+    quad = total(alpha * F)
+    primal = 0.5 * quad + total(c * loss.value(Y, pred))
+    dual = 0.5 * quad + total(loss.conj(alpha, Y, c))
+    gap = total(loss.fenchel_young(Y, pred, alpha, c)) - b * total(alpha)
+    return primal, dual, gap, gap / torch.maximum(primal.abs(), dual.abs()).clamp_min(torch.finfo(F.dtype).tiny)
+
+
 class _Column:
     """One target column: the box QP's data and the active-set iteration on it."""
 
@@ -206,10 +229,7 @@ class _Column:
                  factor: Optional[FreeFactor] = None):
         self.K, self.diagK, self.loss, self.y, self.c = K, diagK, loss, y, c
         self.kink = float(loss.kink)
-        zero = torch.zeros_like(y)
-        self.p0 = loss.psi_grad(zero, y, c)
-        self.h = loss.psi_hess(zero, y, c)
-        self.lo, self.hi = loss.box(y, c)
+        lin, self.h, self.lo, self.hi = box_qp(loss, y, c)
         self.kink_inside = (self.lo < 0) & (self.hi > 0)  # where a coordinate can rest at the kink
         # for :meth:`intercept_bounds`: the coordinates whose box is a point, and the kink's subgradient at each bound
         # (signs in the bounds' dtype: ``torch.where`` of two Python numbers is float32, 0.1 * float32(1) 0.1 to 1.5e-9)
@@ -221,7 +241,7 @@ class _Column:
             self._kink_at_hi = self.kink * torch.where(self.hi > 0, ones, -ones)
         # the linear term of the objective is -lin^T a; ``offset`` (a subproblem's fixed part, K_BN a_N) is
         # subtracted from it; with an intercept the constraint is sum a = total
-        self.lin = self.y - self.p0 if offset is None else self.y - self.p0 - offset
+        self.lin = lin if offset is None else lin - offset
         self.total = float(total)
         self.intercept = intercept
         self.scale = float(diagK.mean()) if diagK.numel() else 1.0
@@ -867,13 +887,7 @@ class _BestIterate:
 def _certify(mon: Monitor, loss: Loss, Y, F, alpha, b, c, iteration: int, state: dict, sigma, level=None) -> dict:
     """Record the duality gap of the original problem at ``(K alpha + b, alpha)`` (alpha is feasible; with the
     targets ``Y`` less ``level``, the intercept recorded is ``b + level``: the same gap)."""
-    c_col = c.reshape(-1, 1)
-    quad = (alpha * F).sum(0)
-    pred = F + b
-    primal = 0.5 * quad + (c_col * loss.value(Y, pred)).sum(0)
-    dual = 0.5 * quad + loss.conj(alpha, Y, c_col).sum(0)
-    gap = loss.fenchel_young(Y, pred, alpha, c_col).sum(0) - b * alpha.sum(0)
-    rel = gap / torch.maximum(primal.abs(), dual.abs()).clamp_min(torch.finfo(F.dtype).tiny)
+    primal, dual, gap, rel = certificate(loss, Y, F, alpha, c.reshape(-1, 1), b)
     state["f"] = F
     if "intercept" in state:
         state["intercept"] = b if level is None else b + level

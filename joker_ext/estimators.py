@@ -337,16 +337,19 @@ class _JokerBase(BaseEstimator):
         self.history_ = res.history
         self.block_size_ = plan.options.block_size
         self._model_cache = model
-        if self.status_ != "converged" and self.relative_gap_ > max(plan.options.tol, CONVERGENCE_WARN_GAP):
-            advice = _STOP_ADVICE.get(self.status_, "")
-            if self.dtype_ != torch.float64:
-                advice += " or use dtype='float64'" if advice else "; use dtype='float64'"
-            warnings.warn(
-                f"{type(self).__name__} stopped ({self.status_}) after {self.n_iter_} iterations with "
-                f"relative duality gap {self.relative_gap_:.2e}{advice}",
-                ConvergenceWarning,
-            )
+        self._warn_unless_converged(plan, f"after {self.n_iter_} iterations")
         return self
+
+    def _warn_unless_converged(self, plan: FitPlan, where: str) -> None:
+        """A ConvergenceWarning (with advice by the status) when the fit stopped short of its tolerance and of
+        :data:`~joker_ext.defaults.CONVERGENCE_WARN_GAP`; ``where``: what stopped there ('after 40 iterations')."""
+        if self.status_ == "converged" or self.relative_gap_ <= max(plan.options.tol, CONVERGENCE_WARN_GAP):
+            return
+        advice = _STOP_ADVICE.get(self.status_, "")
+        if self.dtype_ != torch.float64:
+            advice += " or use dtype='float64'" if advice else "; use dtype='float64'"
+        warnings.warn(f"{type(self).__name__} stopped ({self.status_}) {where} with relative duality gap "
+                      f"{self.relative_gap_:.2e}{advice}", ConvergenceWarning)
 
     # ------------------------------------------------------------------ prediction
     def _model(self) -> KernelModel:
@@ -716,10 +719,7 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
         self.block_size_ = plan.options.block_size
         self._model_cache = None
         self._model_cache = self._model()  # (made now: predict leaves the estimator as it is)
-        if self.status_ != "converged" and self.relative_gap_ > max(plan.options.tol, CONVERGENCE_WARN_GAP):
-            warnings.warn(f"{type(self).__name__} stopped ({self.status_}) on a pair of classes with relative "
-                          f"duality gap {self.relative_gap_:.2e}{_STOP_ADVICE.get(self.status_, '')}",
-                          ConvergenceWarning)
+        self._warn_unless_converged(plan, "on a pair of classes")
 
     def _fit_pair(self, plan: FitPlan, X: np.ndarray, y: np.ndarray, w: np.ndarray,
                   start: Optional[tuple] = None) -> "JokerClassifier":

@@ -41,10 +41,12 @@ from typing import Callable, List, NamedTuple, Optional, Tuple
 import numpy as np
 import torch
 
+from .active_set import box_qp, certificate
 from .defaults import ROUNDING_GAP
 from .kernel_rows import RowFormer, forms_rows, row_former
 from .losses import Loss
-from .smo import SHRINK_FIRST, TAU, _STEPS, _formed, _free_sum_steps, _njit, _offsets, _pair_steps, numba
+from .smo import (SHRINK_FIRST, TAU, _STEPS, _add_rows, _cheapest_up_in_order, _formed, _free_sum_steps, _njit, _offsets,
+                  _pair_steps, numba)
 
 __all__ = ["class_pairs", "pair_rows", "PairSolution", "OneVsOneFit", "batch_applies", "solve_pairs_batch", "pair_gaps",
            "fit_one_vs_one", "vote", "ovr_scores", "coupled_probabilities"]
@@ -163,14 +165,11 @@ def _polish(R, h, kink, lo, hi, lin, a, g, intercept, tol):  # pragma: no cover 
         b = sol[nf] if intercept else 0.0
     # the conditions at the bounds, from the updated gradient
     g_new = g.copy()
+    moved = free[:nf]
+    change = sol[:nf] - a[moved]
+    _add_rows(R, moved, change, g_new)
     for p in range(nf):
-        i = free[p]
-        t = sol[p] - a[i]
-        if t != 0.0:
-            Ri = R[i]
-            for k in range(m):
-                g_new[k] += t * Ri[k]
-            g_new[i] += h[i] * t
+        g_new[moved[p]] += h[moved[p]] * change[p]
     a_new = a.copy()
     for p in range(nf):
         a_new[free[p]] = sol[p]
@@ -203,10 +202,7 @@ def _inside(sol, free, nf, lo, hi, kink, a):  # pragma: no cover - compiled
 def _middle_intercept(a, g, lo, hi, kink):  # pragma: no cover - compiled
     """LIBSVM's intercept where no coordinate is free: the middle of ``[-min dp, -max dm]``."""
     up_off, down_off = _offsets(a, lo, hi, kink)
-    dp, dm = math.inf, -math.inf
-    for k in range(a.shape[0]):
-        dp = min(dp, g[k] + up_off[k])
-        dm = max(dm, g[k] + down_off[k])
+    _, dp, dm = _cheapest_up_in_order(g, up_off, down_off, a.shape[0])
     if dp == math.inf and dm == -math.inf:
         return 0.0
     if dp == math.inf:
@@ -262,25 +258,19 @@ def _solve_pair(points, family, scale, rows, y, lin_pos, lin_neg, h_pos, h_neg, 
             if status != _STEPS:  # converged, or a step that cannot be taken: on to the polish
                 break
         for q in range(m):  # the rows of the free coordinates (moved, so formed, unless the start was free)
-            if not have[q]:
-                if lo[q] < a[q] < hi[q]:
-                    _formed(R, have, former, q)
+            if lo[q] < a[q] < hi[q]:
+                _formed(R, have, former, q)
         solved, b = _polish(R, h, kink, lo, hi, lin, a, g, intercept, polish_tol)
         if solved or taken >= max_steps:
             break
         tol *= 0.01
     if not solved:
         b = _middle_intercept(a, g, lo, hi, kink) if intercept else 0.0
-    for q in range(m):
-        f[q] = 0.0
-    for q in range(m):
-        if a[q] != 0.0:
-            if not have[q]:
-                _formed(R, have, former, q)
-            Rq = R[q]
-            t = a[q]
-            for k in range(m):
-                f[k] += t * Rq[k]
+    nonzero = np.flatnonzero(a)
+    for q in nonzero:
+        _formed(R, have, former, q)
+    f[:] = 0.0
+    _add_rows(R, nonzero, a[nonzero], f)
     return solved, b, taken
 
 
@@ -305,13 +295,10 @@ def _solve_range(points, family, scale, rows, y, offsets, lin_pos, lin_neg, h_po
 
 def _dual_data(loss: Loss, c: torch.Tensor, sign: float):
     """``(lin, h, lo, hi)`` of every row (float64 numpy, length n) as a point of target ``sign``
-    (:class:`joker_ext.active_set._Column`'s box QP)."""
+    (:func:`joker_ext.active_set.box_qp`)."""
     y = torch.full_like(c, sign)
-    zero = torch.zeros_like(c)
-    lin = y - loss.psi_grad(zero, y, c)
-    h = torch.as_tensor(loss.psi_hess(zero, y, c), dtype=c.dtype).expand(c.shape[0])
-    lo, hi = loss.box(y, c)
-    return tuple(np.ascontiguousarray(t.numpy(), dtype=np.float64) for t in (lin, h, lo, hi))
+    return tuple(np.ascontiguousarray(torch.as_tensor(t, dtype=c.dtype).expand(c.shape[0]).numpy(), dtype=np.float64)
+                 for t in box_qp(loss, y, c))
 
 
 def pair_rows(y_idx: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -368,28 +355,19 @@ def solve_pairs_batch(kernel, loss: Loss, X: torch.Tensor, y_idx: np.ndarray, c:
 
 
 def pair_gaps(loss: Loss, sol: PairSolution, c: torch.Tensor):
-    """``(primal, dual, gap, rel_gap)`` per pair (float64 numpy arrays), as the engines certify a column
-    (:func:`joker_ext.active_set._certify`): ``primal = 1/2 a^T K a + sum c l(y, f + b)``, ``dual = 1/2 a^T K a +
-    sum psi*(a)``, ``gap = sum FY(y, f + b, a) - b sum a`` (Fenchel-Young terms), relative to ``max(|primal|,
-    |dual|)``."""
+    """``(primal, dual, gap, rel_gap)`` per pair (float64 numpy arrays): the engines' certificate of a column
+    (:func:`joker_ext.active_set.certificate`), its sums taken over each pair's rows."""
     P = sol.offsets.size - 1
     which = torch.from_numpy(np.repeat(np.arange(P), np.diff(sol.offsets)))
-    a = torch.from_numpy(sol.alpha).reshape(-1, 1)
-    f = torch.from_numpy(sol.f).reshape(-1, 1)
-    y = torch.from_numpy(sol.y).reshape(-1, 1)
-    cc = c[torch.from_numpy(sol.rows)].reshape(-1, 1)
     b = torch.from_numpy(sol.b)
-    pred = f + b[which].reshape(-1, 1)
 
     def per_pair(values):
         return torch.zeros(P, dtype=torch.float64).index_add_(0, which, values.reshape(-1))
 
-    quad = per_pair(a * f)
-    primal = 0.5 * quad + per_pair(cc * loss.value(y, pred))
-    dual = 0.5 * quad + per_pair(loss.conj(a, y, cc))
-    gap = per_pair(loss.fenchel_young(y, pred, a, cc)) - b * per_pair(a)
-    rel = gap / torch.maximum(primal.abs(), dual.abs()).clamp_min(torch.finfo(torch.float64).tiny)
-    return primal.numpy(), dual.numpy(), gap.numpy(), rel.numpy()
+    column = [torch.from_numpy(v).reshape(-1, 1) for v in (sol.y, sol.f, sol.alpha)]
+    out = certificate(loss, *column, c[torch.from_numpy(sol.rows)].reshape(-1, 1), b,
+                      b_rows=b[which].reshape(-1, 1), total=per_pair)
+    return tuple(v.numpy() for v in out)
 
 
 class OneVsOneFit(NamedTuple):
