@@ -45,8 +45,8 @@ from .active_set import box_qp, certificate
 from .defaults import ROUNDING_GAP
 from .kernel_rows import RowFormer, forms_rows, row_former
 from .losses import Loss
-from .smo import (SHRINK_FIRST, TAU, _STEPS, _add_rows, _cheapest_up_in_order, _formed, _free_sum_steps, _njit, _offsets,
-                  _pair_steps, numba)
+from .smo import (SHRINK_FIRST, TAU, _STEPS, _add_rows, _cheapest_up_in_order, _formed, _free_sum_steps, _njit,
+                  _offsets, _pair_steps, numba)
 
 __all__ = ["class_pairs", "pair_rows", "PairSolution", "OneVsOneFit", "batch_applies", "solve_pairs_batch", "pair_gaps",
            "fit_one_vs_one", "vote", "ovr_scores", "coupled_probabilities"]
