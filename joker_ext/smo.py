@@ -93,19 +93,22 @@ PREFETCH_START = 32
 PREFETCH_MIN = 16
 #: Where the blocks guess badly (at ``PREFETCH_MIN`` rows, fewer than ``1 / PREFETCH_WASTE`` of the at least
 #: ``PREFETCH_WASTE_ROWS`` rows formed in them used so far), a step that needs a row the loop may not form gets leave
-#: to form ``LOOP_GRANT`` more rows there instead of a block, on inputs of at most ``LOOP_GRANT_MAX_DIM`` dimensions
-#: (beyond, a row formed in the loop costs more than twice a row of a block: 107 us against ~23 us at d = 98,
-#: n = 4000). At small ``C`` every coordinate starts with the same violation and the steps' second choice (through
-#: the first one's row) is not the blocks' guess: optdigits (d = 64) at C = 0.03 formed 1,341 rows in 78 blocks of
-#: 16 for ~800 read, each block's call costing as much as its kernel evaluation. Measured against no leave (hinge and
-#: epsilon-insensitive, n = 4000, best of three alternating fits): optdigits at C = 0.03 and 1 0.70x and 0.96x,
-#: spambase, make_classification (d = 30, 50) at C = 0.03 0.86-0.94x, epsilon-insensitive on flights (d = 25) at C =
-#: 0.03 and 10 0.85x and 0.86x, satimage and texture at C = 0.03 within the noise; with ``PREFETCH_WASTE = 4``,
-#: optdigits at C = 0.03 0.86x; mushroom (d = 98, were it allowed) 1.03-1.18x.
+#: to form ``LOOP_GRANT`` more rows there instead of a block, while the points take at most
+#: ``LOOP_GRANT_POINTS_SHARE`` of a core's level 2 cache (:func:`_core_cache_bytes`; beyond, each row formed in the
+#: loop reads them from the shared cache: 107 us a row against ~23 us a row of a block at n = 4000, d = 98). At small
+#: ``C`` every coordinate starts with the same violation and the steps' second choice (through the first one's row)
+#: is not the blocks' guess: optdigits (d = 64) at C = 0.03 formed 1,341 rows in 78 blocks of 16 for ~800 read, each
+#: block's call costing as much as its kernel evaluation. Measured against no leave (hinge and epsilon-insensitive,
+#: best of three alternating fits): n = 4000, optdigits (2.0 MB of points) at C = 0.03 and 1 0.70-0.71x and
+#: 0.96-1.0x, spambase and make_classification (d = 30, 50) at C = 0.03 0.86-0.94x, epsilon-insensitive on flights
+#: (d = 25) 0.85-0.86x, satimage and texture at C = 0.03 within the noise; n = 10,000, make_classification d = 30
+#: (2.4 MB) within the noise. With leave on larger points: mushroom (n = 4000, d = 98, 3.1 MB) 1.03-1.18x,
+#: make_classification at n = 10,000, d = 40 and 50 (3.2 and 4.0 MB) 1.06x and 1.17x. With ``PREFETCH_WASTE = 4``,
+#: optdigits at C = 0.03 0.86x.
 PREFETCH_WASTE = 2
 PREFETCH_WASTE_ROWS = 64
 LOOP_GRANT = 64
-LOOP_GRANT_MAX_DIM = 64
+LOOP_GRANT_POINTS_SHARE = 1.25
 #: Rows are formed one at a time inside the loop (:mod:`joker_ext.kernel_rows`), as many as the steps read, for inputs
 #: of at most this many dimensions (beyond: ``FORM_SHARE``, ``FORM_SHARE_MAX_DIM``; the rest in blocks through the
 #: cache). A formed row costs about ``n (0.11 d + 1.4)`` ns there (one
@@ -852,6 +855,7 @@ def smo_phase(cache, diag: torch.Tensor, column, a: torch.Tensor, *, tol: float,
     round_steps = max(SETTLE_MIN_STEPS, int(SETTLE_ROUND * n))
     round_end, sets = round_steps, column.status(a)[0]
     prefetch = _Prefetch(n)
+    grant = cache.X.numel() * cache.X.element_size() <= LOOP_GRANT_POINTS_SHARE * _core_cache_bytes()
     while taken < budget and time.perf_counter() < deadline and not interrupted():
         chunk = min(CHUNK_STEPS, budget - taken, round_end - taken)
         if block is None:
@@ -883,7 +887,7 @@ def smo_phase(cache, diag: torch.Tensor, column, a: torch.Tensor, *, tol: float,
         if block is not None:
             block.sync(a_np)
         if status == _NEEDS_ROW:
-            if rows.family != NO_FORMER and cache.X.shape[1] <= LOOP_GRANT_MAX_DIM and prefetch.wasteful(a_np):
+            if rows.family != NO_FORMER and grant and prefetch.wasteful(a_np):
                 rows.left[0] += LOOP_GRANT
                 continue
             if block is None:

@@ -94,7 +94,7 @@ def test_smo_phase_reaches_the_cvxpy_optimum_of_the_box_qp(monkeypatch, name, in
     if rows == "budget":
         monkeypatch.setattr(smo, "FORM_MAX_DIM", 0)
         monkeypatch.setattr(smo, "FORM_SHARE", 0.25)
-        monkeypatch.setattr(smo, "LOOP_GRANT_MAX_DIM", 0)  # no leave beyond the budget (its own test below)
+        monkeypatch.setattr(smo, "LOOP_GRANT_POINTS_SHARE", 0.0)  # no leave beyond the budget (its own test below)
         fill = cache._fill
         monkeypatch.setattr(cache, "_fill", lambda slots, idx: in_blocks.append(idx.numel()) or fill(slots, idx))
     blocks = _compact_every_shrinking(monkeypatch) if compact else []
@@ -665,15 +665,15 @@ def test_blocks_that_guess_badly_give_the_loop_leave_to_form_rows_and_the_phase_
         monkeypatch, allowed):
     """At small ``C`` every coordinate starts with the same violation, and the blocks' guessed rows (the worst
     violators') are mostly not the ones the steps read. Once fewer than ``1 / PREFETCH_WASTE`` of them were used, a
-    loop with no budget of its own (``FORM_SHARE = 0``) gets leave to form ``LOOP_GRANT`` rows at a time, on inputs of
-    at most ``LOOP_GRANT_MAX_DIM`` dimensions (``allowed``; else every row still comes in blocks); the phase ends at
-    cvxpy's optimum either way."""
+    loop with no budget of its own (``FORM_SHARE = 0``) gets leave to form ``LOOP_GRANT`` rows at a time, while the
+    points take at most ``LOOP_GRANT_POINTS_SHARE`` of a core's cache (``allowed``; else every row still comes in
+    blocks); the phase ends at cvxpy's optimum either way."""
     monkeypatch.setattr(smo, "FORM_MAX_DIM", 0)
     monkeypatch.setattr(smo, "FORM_SHARE", 0.0)
     monkeypatch.setattr(smo, "PREFETCH_WASTE_ROWS", 16)
     monkeypatch.setattr(smo, "LOOP_GRANT", 8)
     if not allowed:
-        monkeypatch.setattr(smo, "LOOP_GRANT_MAX_DIM", 0)
+        monkeypatch.setattr(smo, "LOOP_GRANT_POINTS_SHARE", 0.0)
     cache, diag, col, K = _box_qp("hinge", True, n=300, C=0.02)
     in_blocks = []
     fill = cache._fill
