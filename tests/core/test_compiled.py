@@ -109,3 +109,20 @@ def test_a_loop_is_loaded_only_when_numbas_cache_holds_it(tmp_path, monkeypatch)
                                                      (uncached, lambda: called.append("not cached"))])
     compiled.load()
     assert called == ["cached"]
+
+
+def test_compile_all_calls_every_loop_cached_or_not(monkeypatch):
+    """``python -m joker_ext.precompile`` (:func:`compile_all`) compiles the loops numba's cache lacks too (``load``
+    only reads those it holds), and reports each one."""
+    from joker_ext import compiled
+
+    calls, lines = [], []
+    monkeypatch.setattr(compiled, "_cached", lambda dispatcher: dispatcher == "cached")
+    monkeypatch.setattr(compiled, "_calls", lambda: [("cached", lambda: calls.append("cached")),
+                                                     ("missing", lambda: calls.append("missing"))])
+    compiled.compile_all(report=lines.append)
+    assert calls == ["cached", "missing"]
+    assert [line.split(":")[0] for line in lines] == ["cached", "missing"]
+    calls.clear()
+    compiled.load()
+    assert calls == ["cached"]
