@@ -8,7 +8,7 @@ from joker_ext.comparisons.benchmarks import survey
 
 
 def test_survey_cases_are_certified_and_hinge_cases_reach_libsvms_objective(capsys):
-    survey.main(["--count", "12", "--sizes", "300"])
+    survey.main(["--count", "12", "--sizes", "300", "--repeats", "1"])
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 12
     losses = {re.match(r"(?:BAD)?\s*\d+ (\S+)", line).group(1) for line in lines}
@@ -21,7 +21,7 @@ def test_survey_cases_are_certified_and_hinge_cases_reach_libsvms_objective(caps
             assert float(primal.group(1)) <= 1e-6
 
 
-@pytest.mark.parametrize("argv, match", [(["--count", "0"], "count"), (["--sizes", "100"], "sizes")])
+@pytest.mark.parametrize("argv, match", [(["--count", "0"], "count"), (["--sizes", "100"], "sizes"), (["--repeats", "0"], "repeats")])
 def test_survey_rejects_bad_arguments(argv, match):
     with pytest.raises(SystemExit, match=match):
         survey.main(argv)
