@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import time
 import warnings
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -117,47 +118,72 @@ def _best_of(fit, repeats: int):
     return fitted, seconds
 
 
-def case(seed: int, sizes=SIZES, repeats: int = REPEATS) -> str:
-    """One case's line (see the module docstring); ``n`` drawn from ``sizes``, each side timed by the fastest of
-    ``repeats`` fits."""
-    from sklearn.kernel_ridge import KernelRidge
-    from sklearn.svm import SVC, SVR
+class Case(NamedTuple):
+    """One drawn problem: the loss, the data set's name, ``X``, ``y``, ``C`` and gamma as a multiple of 'scale'."""
+    loss: str
+    name: str
+    X: np.ndarray
+    y: np.ndarray
+    C: float
+    scale: float
 
-    from joker_ext import JokerClassifier, JokerRegressor
+    @property
+    def gamma(self) -> float:
+        """``scale / (d var(X))``: scikit-learn's ``gamma='scale'`` times ``scale``."""
+        return self.scale / (self.X.shape[1] * self.X.var())
 
+
+def draw(seed: int, sizes=SIZES) -> Case:
+    """The problem of ``seed`` (see the module docstring), ``n`` drawn from ``sizes``."""
     rng = np.random.default_rng(seed)
     loss = str(rng.choice(LOSSES))
     n = int(rng.choice(sizes))
-    classify = loss in CLASSIFICATION
-    name, X, y = (classification_data if classify else regression_data)(rng, n)
+    name, X, y = (classification_data if loss in CLASSIFICATION else regression_data)(rng, n)
     C = float(10 ** rng.uniform(-2, 3))
-    scale = float(10 ** rng.uniform(-1, 1))
-    gamma = scale / (X.shape[1] * X.var())
-    params = dict(loss=loss, C=C, gamma=gamma, fit_intercept=True)
-    if loss == "epsilon_insensitive":
+    return Case(loss, name, X, y, C, float(10 ** rng.uniform(-1, 1)))
+
+
+def reference_estimator(problem: Case):
+    """scikit-learn's estimator of the same model (SVC, SVR, KernelRidge), or None for the other losses."""
+    from sklearn.kernel_ridge import KernelRidge
+    from sklearn.svm import SVC, SVR
+
+    C, gamma = problem.C, problem.gamma
+    return {"hinge": lambda: SVC(C=C, gamma=gamma),
+            "epsilon_insensitive": lambda: SVR(C=C, gamma=gamma, epsilon=0.1),
+            "squared": lambda: KernelRidge(alpha=1.0 / C, kernel="rbf", gamma=gamma)}.get(problem.loss, lambda: None)()
+
+
+def case(seed: int, sizes=SIZES, repeats: int = REPEATS) -> str:
+    """One case's line (see the module docstring); ``n`` drawn from ``sizes``, each side timed by the fastest of
+    ``repeats`` fits (after a warm-up fit on 300 rows)."""
+    from joker_ext import JokerClassifier, JokerRegressor
+
+    problem = draw(seed, sizes)
+    X, y = problem.X, problem.y
+    params = dict(loss=problem.loss, C=problem.C, gamma=problem.gamma, fit_intercept=True)
+    if problem.loss == "epsilon_insensitive":
         params["epsilon"] = 0.1
-    estimator = JokerClassifier if classify else JokerRegressor
-    warm_up = rng.permutation(y.size)[:300]
+    estimator = JokerClassifier if problem.loss in CLASSIFICATION else JokerRegressor
+    warm_up = np.random.default_rng(seed).permutation(y.size)[:300]
     estimator(**params).fit(X[warm_up], y[warm_up])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         fitted, seconds = _best_of(lambda: estimator(**params).fit(X, y), repeats)
-    reference = {"hinge": lambda: SVC(C=C, gamma=gamma),
-                 "epsilon_insensitive": lambda: SVR(C=C, gamma=gamma, epsilon=0.1),
-                 "squared": lambda: KernelRidge(alpha=1.0 / C, kernel="rbf", gamma=gamma)}.get(loss)
     ratio, against = float("nan"), ""
-    if reference is not None:
-        ref, ref_seconds = _best_of(lambda: reference().fit(X, y), repeats)
+    if reference_estimator(problem) is not None:
+        ref, ref_seconds = _best_of(lambda: reference_estimator(problem).fit(X, y), repeats)
         ratio = seconds / ref_seconds
         against = f" | scikit-learn {ref_seconds:7.3f} s  ratio {ratio:5.2f}"
-        if loss == "hinge":
-            theirs = hinge_primal(X, y, ref.dual_coef_[0], float(ref.intercept_[0]), ref.support_, gamma, C)
+        if problem.loss == "hinge":
+            theirs = hinge_primal(X, y, ref.dual_coef_[0], float(ref.intercept_[0]), ref.support_, problem.gamma,
+                                  problem.C)
             against += f"  primal (joker - sklearn) / sklearn {(fitted.primal_objective_ - theirs) / abs(theirs):+.1e}"
     bad = fitted.relative_gap_ > GAP_BOUND or bool(caught) or ratio > 1.0
     messages = "".join(f"  warning: {str(w.message)[:80]}" for w in caught)
-    return (f"{'BAD ' if bad else '    '}{seed:4d} {loss:19s} {name:19s} n = {y.size:5d}, d = {X.shape[1]:3d}, "
-            f"C = {C:9.3g}, gamma = {scale:5.2f} x 'scale': joker {seconds:7.3f} s  rel gap "
-            f"{fitted.relative_gap_:8.1e}  {fitted.solver_}{against}{messages}")
+    return (f"{'BAD ' if bad else '    '}{seed:4d} {problem.loss:19s} {problem.name:19s} n = {y.size:5d}, "
+            f"d = {X.shape[1]:3d}, C = {problem.C:9.3g}, gamma = {problem.scale:5.2f} x 'scale': joker "
+            f"{seconds:7.3f} s  rel gap {fitted.relative_gap_:8.1e}  {fitted.solver_}{against}{messages}")
 
 
 def main(argv=None) -> None:
