@@ -149,9 +149,13 @@ def reference_estimator(problem: Case):
     from sklearn.svm import SVC, SVR
 
     C, gamma = problem.C, problem.gamma
-    return {"hinge": lambda: SVC(C=C, gamma=gamma),
-            "epsilon_insensitive": lambda: SVR(C=C, gamma=gamma, epsilon=0.1),
-            "squared": lambda: KernelRidge(alpha=1.0 / C, kernel="rbf", gamma=gamma)}.get(problem.loss, lambda: None)()
+    if problem.loss == "hinge":
+        return SVC(C=C, gamma=gamma)
+    if problem.loss == "epsilon_insensitive":
+        return SVR(C=C, gamma=gamma, epsilon=0.1)
+    if problem.loss == "squared":
+        return KernelRidge(alpha=1.0 / C, kernel="rbf", gamma=gamma)
+    return None
 
 
 def case(seed: int, sizes=SIZES, repeats: int = REPEATS) -> str:

@@ -21,7 +21,8 @@ def test_survey_cases_are_certified_and_hinge_cases_reach_libsvms_objective(caps
             assert float(primal.group(1)) <= 1e-6
 
 
-@pytest.mark.parametrize("argv, match", [(["--count", "0"], "count"), (["--sizes", "100"], "sizes"), (["--repeats", "0"], "repeats")])
+@pytest.mark.parametrize("argv, match", [(["--count", "0"], "count"), (["--sizes", "100"], "sizes"),
+                                         (["--repeats", "0"], "repeats")])
 def test_survey_rejects_bad_arguments(argv, match):
     with pytest.raises(SystemExit, match=match):
         survey.main(argv)
