@@ -716,9 +716,13 @@ class _Prefetch:
         self.at_fill[idx] = a[idx]
         self.idx = np.concatenate([self.idx, idx])
 
+    def used(self, a: np.ndarray) -> int:
+        """How many of the block-formed rows were used: their coordinates moved since."""
+        return int(np.count_nonzero(a[self.idx] != self.at_fill[self.idx]))
+
     def count(self, a: np.ndarray) -> int:
         if self.idx.size:
-            used = np.count_nonzero(a[self.idx] != self.at_fill[self.idx])
+            used = self.used(a)
             if 2 * used >= self.idx.size:
                 self.size = min(PREFETCH, 2 * self.size)
             elif 4 * used < self.idx.size:
@@ -730,8 +734,7 @@ class _Prefetch:
         ``PREFETCH_WASTE_ROWS`` rows formed in them were used."""
         if self.size > PREFETCH_MIN or self.idx.size < PREFETCH_WASTE_ROWS:
             return False
-        used = np.count_nonzero(a[self.idx] != self.at_fill[self.idx])
-        return PREFETCH_WASTE * used < self.idx.size
+        return PREFETCH_WASTE * self.used(a) < self.idx.size
 
 
 #: Each cache's row former (its scaled points), made once: one-vs-rest columns' phases share it.

@@ -22,12 +22,15 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
-import time
 import warnings
 from typing import NamedTuple
 
 import numpy as np
 import torch
+
+# the engines benchmark's timing (fastest of its REPEATS fits per side) and its primal objective at scikit-learn's
+# solution, so that both benchmarks measure alike
+from joker_ext.comparisons.benchmarks.engines import REPEATS, _best_of, _sklearn_primal
 
 #: The losses drawn, with repeats as their weights.
 LOSSES = ["hinge", "hinge", "squared_hinge", "logistic", "squared", "huber", "epsilon_insensitive",
@@ -38,8 +41,6 @@ KEEL_SETS = ["spambase", "phoneme", "mushroom", "banana", "magic", "optdigits", 
              "letter", "satimage", "texture"]
 #: The sizes drawn, with repeats as their weights.
 SIZES = (4000, 4000, 10000)
-#: Fits per side; the fastest counts (the engines benchmark's count).
-REPEATS = 2
 #: The threshold above which a relative gap marks a case ``BAD`` (the issue's certificate).
 GAP_BOUND = 1e-8
 
@@ -95,27 +96,6 @@ def regression_data(rng: np.random.Generator, n: int):
         ds = load("flights", n_train=n, n_test=100, seed=int(rng.integers(100)))
         name, X, y = "flights", np.asarray(ds.X_train, dtype=np.float64), np.asarray(ds.y_train, dtype=np.float64)
     return name, X, (y - y.mean()) / y.std()
-
-
-def hinge_primal(X, y, dual_coef, intercept: float, support, gamma: float, C: float) -> float:
-    """SVC's primal objective ``1/2 |f|_H^2 + C sum max(0, 1 - y f(x))`` at its solution (the Gaussian kernel
-    ``exp(-gamma |x - x'|^2)``)."""
-    from sklearn.metrics.pairwise import rbf_kernel
-
-    f = rbf_kernel(X, X[support], gamma=gamma) @ dual_coef + intercept
-    norm = dual_coef @ rbf_kernel(X[support], X[support], gamma=gamma) @ dual_coef
-    return float(0.5 * norm + C * np.maximum(0.0, 1.0 - np.where(y > 0, 1.0, -1.0) * f).sum())
-
-
-def _best_of(fit, repeats: int):
-    """``(fitted, seconds)`` of the fastest of ``repeats`` calls of ``fit``."""
-    runs = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fitted = fit()
-        runs.append((time.perf_counter() - start, fitted))
-    seconds, fitted = min(runs, key=lambda run: run[0])
-    return fitted, seconds
 
 
 class Case(NamedTuple):
@@ -180,8 +160,7 @@ def case(seed: int, sizes=SIZES, repeats: int = REPEATS) -> str:
         ratio = seconds / ref_seconds
         against = f" | scikit-learn {ref_seconds:7.3f} s  ratio {ratio:5.2f}"
         if problem.loss == "hinge":
-            theirs = hinge_primal(X, y, ref.dual_coef_[0], float(ref.intercept_[0]), ref.support_, problem.gamma,
-                                  problem.C)
+            theirs = _sklearn_primal(params, ref, X, y, ref.decision_function(X), problem.C)
             against += f"  primal (joker - sklearn) / sklearn {(fitted.primal_objective_ - theirs) / abs(theirs):+.1e}"
     bad = fitted.relative_gap_ > GAP_BOUND or bool(caught) or ratio > 1.0
     messages = "".join(f"  warning: {str(w.message)[:80]}" for w in caught)
