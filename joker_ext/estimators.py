@@ -1,8 +1,10 @@
 """scikit-learn estimators: :class:`JokerRegressor` and :class:`JokerClassifier`.
 
-Both solve ``min_f 1/2 ||f||_H^2 + C sum_i w_i l(y_i, f(x_i) [+ b])`` by DBCD-TR on the dual, with the
-exact kernel (``n_features=None``) or ``n_features`` random features. Without intercept (the default,
-like KernelRidge and the Joker paper) ``f(x) = sum_i alpha_i k(x_i, x)``; with ``fit_intercept=True``
+Both solve ``min_f 1/2 ||f||_H^2 + C sum_i w_i l(y_i, f(x_i) [+ b])`` through its dual, with the exact kernel
+(``n_features=None``) or ``n_features`` random features, by the engine ``solver`` names (``'auto'``: the
+second-order engine :func:`joker_ext.engines.resolve_solver` picks for the loss and the memory budget; DBCD-TR, the
+Joker paper's block method, with ``solver='dbcd_tr'`` or where no second-order engine fits). Without intercept
+(the default, like KernelRidge and the Joker paper) ``f(x) = sum_i alpha_i k(x_i, x)``; with ``fit_intercept=True``
 an unregularized bias ``b`` is added, as in SVC / SVR (see :class:`JokerRegressor`, ``fit_intercept``).
 
 Conventions: ``C`` is LIBSVM's / scikit-learn SVC's C (for the squared loss, ``KernelRidge(alpha=1/C)``;
@@ -607,7 +609,7 @@ class JokerRegressor(RegressorMixin, _JokerBase):
         return F[:, 0] if self._y_1d else F
 
 
-JokerRegressor.__doc__ = """Kernel regression with any convex loss, trained by DBCD-TR (Joker).
+JokerRegressor.__doc__ = """Kernel regression with any convex loss, trained on the dual by the engine ``solver`` picks.
 
     Solves ``min_f 1/2 ||f||_H^2 + C sum_i w_i l(y_i, f(x_i))``; predictions are
     ``K(X, X_train) @ dual_coef_`` (exact) or ``phi(X) @ coef_`` (random features), plus ``intercept_``
@@ -900,7 +902,8 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
         return np.log(self.predict_proba(X))
 
 
-JokerClassifier.__doc__ = """Kernel classifier (hinge, squared hinge, logistic or squared loss) trained by DBCD-TR.
+JokerClassifier.__doc__ = """Kernel classifier (hinge, squared hinge, logistic or squared loss), trained as
+    :class:`JokerRegressor`.
 
     Labels of any type; ``classes_`` is sorted. Binary problems fit one decision function ``f`` (positive
     for ``classes_[1]``, trained on ``y = +1`` for ``classes_[1]``, ``-1`` otherwise). Multi-class problems fit
