@@ -162,11 +162,10 @@ FLOOR_DECAY = 3.0
 #: had settled (:meth:`~joker_ext.active_set._Column.round`'s ``few_cycle``; the round is a proximal step, never taken
 #: for the subproblem's solution, which only rounds that settle at once at the smallest weight give), and the weight
 #: falls as after a round that settled, instead of rising tenfold. On degenerate problems (many margin points whose
-#: kernel block is numerically of low rank: labels a smooth kernel cannot separate, features of very different scales,
-#: a small gamma) one or two coordinates sitting on a bound flip at each step of most rounds, and the weight rose back
-#: whenever it fell: hinge on the survey benchmark's case 1035 (docs/math.rst, session 53) at C = 4 and 0.1x 'scale'
-#: 1.42 -> 0.88 s, at C = 16 and 0.03x 11.6 -> 4.0 s, at C = 1 and 0.03x the gap at the stall 9.9e-8 -> 1.2e-8. On 22
-#: standard problems and 17 rescaled KEEL sets at small gamma the fits are unchanged (the rule never triggers).
+#: kernel block is numerically of low rank: features of very different scales at a small gamma) one or two coordinates
+#: sitting on a bound flip at each step of most rounds, and the weight rose back whenever it fell: hinge on the survey
+#: benchmark's case 1035 (docs/math.rst, session 53) at C = 4 and 0.1x 'scale' 1.42 -> 0.88 s, at C = 16 and 0.03x
+#: 11.6 -> 4.0 s, at C = 1 and 0.03x the gap at the stall 9.9e-8 -> 1.2e-8.
 FEW_CYCLE = 4
 #: Proximal weight (times the kernel's diagonal) at which a cycling subproblem falls back to projected Newton.
 SIGMA_CEILING = 10.0

@@ -739,6 +739,7 @@ def test_a_round_whose_sets_keep_changing_is_abandoned_at_the_stall_step():
     assert len(solves) == MAX_INNER
 
 
+
 def test_a_round_whose_sets_cycle_on_few_coordinates_ends_at_its_point_with_few_cycle():
     """Predicted sets that return to an earlier step's while one coordinate changes (a cycle): the round gives up
     (None) by default; with ``few_cycle`` it ends at the point of its last solve, which solves that step's KKT system
@@ -780,26 +781,25 @@ def test_working_set_on_a_degenerate_problem_reaches_the_issues_gap_and_libsvms_
     1e-8 and a primal objective at most LIBSVM's at tol 1e-5 (where without ``FEW_CYCLE`` it stalled at 6e-8)."""
     from sklearn.svm import SVC
 
+    from joker_ext import JokerClassifier
     from joker_ext.comparisons.datasets import load
 
     ds = load("magic", n_test=100, seed=0)
     X, labels = np.asarray(ds.X_train, dtype=np.float64)[:4000], np.asarray(ds.y_train)[:4000]
-    y = np.where(labels == labels[0], 1.0, -1.0)
-    y[: y.size // 3] *= -1.0
+    y = (labels == labels[0]).astype(int)
+    y[: y.size // 3] = 1 - y[: y.size // 3]
     X = X * np.random.default_rng(7).uniform(0.1, 10.0, X.shape[1])
     C, gamma = 1.0, 0.03 / (X.shape[1] * X.var())
-    sigma = (0.5 / gamma) ** 0.5
-    m = fit_dual(torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1), loss=get_loss("hinge"),
-                 c=torch.full((len(y),), C, dtype=F64), kernel=GaussianKernel(sigma),
-                 options=SolverOptions(tol=1e-14), solver="working_set", intercept=True)
-    assert m.result.rel_gap <= 1e-8
-    K, a_ref, f_ref, f = _libsvm_and_ours(X, sigma, SVC(C=C, gamma=gamma, tol=1e-5).fit(X, y), m)
-
-    def primal(a, f):
-        return 0.5 * a @ K @ a + C * np.maximum(0.0, 1.0 - y * f).sum()
-
-    assert primal(m.alpha[:, 0].numpy(), f) <= primal(a_ref, f_ref) * (1 + 1e-9)
-
+    ours = JokerClassifier(C=C, gamma=gamma, fit_intercept=True).fit(X, y)
+    assert ours.solver_ == "working_set" and ours.relative_gap_ <= 1e-8
+    svc = SVC(C=C, gamma=gamma, tol=1e-5).fit(X, y)
+    margins = (2.0 * y - 1.0) * svc.decision_function(X)
+    sv = X[svc.support_]
+    sq = (sv * sv).sum(1)
+    K_sv = np.exp(-gamma * np.maximum(sq[:, None] + sq[None, :] - 2.0 * sv @ sv.T, 0.0))
+    yd = svc.dual_coef_[0]
+    theirs = 0.5 * yd @ K_sv @ yd + C * np.maximum(0.0, 1.0 - margins).sum()
+    assert ours.primal_objective_ <= theirs * (1 + 1e-9)
 
 def test_stalling_subproblems_escalate_their_weight_and_reach_libsvm(monkeypatch):
     """make_moons at ten times scikit-learn's 'scale' gamma, C = 10 (n = 4000, hinge with an intercept): subproblems
