@@ -374,7 +374,7 @@ class _Column:
         return lower.masked_fill_(at_hi | self._fixed, -math.inf), upper.masked_fill_(at_lo | self._fixed, math.inf)
 
     def round(self, a, f, b: float, abar, s, code=None, sgn=None, value=None, max_steps: int = MAX_INNER,
-              shrink: Optional[float] = None, stall: Optional[float] = None, few_cycle: int = 0):
+              shrink: Optional[float] = None, stall: Optional[float] = None):
         """Solve one proximal round exactly. Returns ``(a, f, b, steps, sets)`` or None when the sets do not
         settle within ``max_steps`` active-set steps, or, with ``shrink``, as soon as a step changes the sets of
         more than ``shrink`` times as many coordinates as the step before (the changes of a round that settles
@@ -384,9 +384,7 @@ class _Column:
         abandoned (None) at step :data:`STALL_STEP` or later when that step still changes the sets of more than
         ``stall`` times as many coordinates as its first step (and more than :data:`FEW_CHANGES`): rounds that
         settle shed their changes (37, 34, 26, 21, 16, 11, 5, 1, 0), those that do not keep them (99, 89, 89, 83,
-        85, 88, 104, ... to the step limit). With ``few_cycle``, sets that return to an earlier step's while that step
-        changes at most ``few_cycle`` coordinates end the round at the step's point, as if settled (its steps
-        returned; not a solution of the round: for callers that use the round as a proximal step only)."""
+        85, 88, 104, ... to the step limit)."""
         seen = []
         last_changes = first_changes = None
         self.unsettled_sets = None
@@ -420,8 +418,6 @@ class _Column:
                                                             a, keep=max(floor, changes >> (step - DAMP_AFTER + 1)))
             seen.append((code, sgn))
             if any(torch.equal(new_code, c) and torch.equal(new_sgn, g) for c, g in seen[:-1]):
-                if changes <= few_cycle:  # a cycle of a few degenerate coordinates: the point serves as the step
-                    return a, f, b, step, (code, sgn, value)
                 return None  # the sets cycle
             code, sgn, value = new_code, new_sgn, new_value
         self.unsettled_sets = (code, sgn, value)  # still settling when the steps ran out: a start for the next round

@@ -158,15 +158,6 @@ MOSTLY_FREE_SHARE = 0.25
 MOSTLY_FREE_VIOLATORS = 0.1
 #: Factor by which the smallest proximal weight a column's subproblems may take (raised by a cycle) falls per subproblem.
 FLOOR_DECAY = 3.0
-#: A proximal round of a subproblem whose sets cycle on at most this many coordinates ends at its current point as if it
-#: had settled (:meth:`~joker_ext.active_set._Column.round`'s ``few_cycle``; the round is a proximal step, never taken
-#: for the subproblem's solution, which only rounds that settle at once at the smallest weight give), and the weight
-#: falls as after a round that settled, instead of rising tenfold. On degenerate problems (many margin points whose
-#: kernel block is numerically of low rank: features of very different scales at a small gamma) one or two coordinates
-#: sitting on a bound flip at each step of most rounds, and the weight rose back whenever it fell: hinge on the survey
-#: benchmark's case 1035 (docs/math.rst, session 53) at C = 4 and 0.1x 'scale' 1.42 -> 0.88 s, at C = 16 and 0.03x
-#: 11.6 -> 4.0 s, at C = 1 and 0.03x the gap at the stall 9.9e-8 -> 1.2e-8.
-FEW_CYCLE = 4
 #: Proximal weight (times the kernel's diagonal) at which a cycling subproblem falls back to projected Newton.
 SIGMA_CEILING = 10.0
 #: Factor by which a subproblem raises its proximal weight when its active sets cycle (or stall: :data:`STALL`).
@@ -531,8 +522,7 @@ def _subproblem(col: _Column, K_BB, B, a, f, b: float, sigma: float, floor: floa
     sets, settled, exact = _first_sets(sub, aB, fB, b, sigma), 0, False
     rounds = SUB_ROUNDS if mostly_free else 1
     for _ in range(SUB_ROUNDS + MAX_ESCALATIONS):
-        out = sub.round(aB, fB, b, aB.clone(), sigma / sub.c, *(sets or (None, None, None)), stall=STALL,
-                        few_cycle=FEW_CYCLE)
+        out = sub.round(aB, fB, b, aB.clone(), sigma / sub.c, *(sets or (None, None, None)), stall=STALL)
         if out is None:  # the sets cycle: a more diagonal round, same centre (cheap next to a fallback)
             if sigma >= SIGMA_CEILING * col.scale:  # diagonal enough and still cycling: monotone fallback
                 aB, fB, b = sub.newton_round(aB.clone(), fB.clone(), sigma / sub.c, aB.clone())

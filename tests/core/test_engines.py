@@ -739,68 +739,6 @@ def test_a_round_whose_sets_keep_changing_is_abandoned_at_the_stall_step():
     assert len(solves) == MAX_INNER
 
 
-
-def test_a_round_whose_sets_cycle_on_few_coordinates_ends_at_its_point_with_few_cycle():
-    """Predicted sets that return to an earlier step's while one coordinate changes (a cycle): the round gives up
-    (None) by default; with ``few_cycle`` it ends at the point of its last solve, which solves that step's KKT system
-    (checked against numpy's dense solve of the bordered system)."""
-    from joker_ext.active_set import _Column
-
-    n, s = 120, 1e-6
-    X, y = make_binary(n=n, seed=3)
-    K = GaussianKernel(1.0)(torch.as_tensor(X), torch.as_tensor(X))
-    col = _Column(K, K.diagonal().clone(), get_loss("hinge"), torch.as_tensor(y), torch.full((n,), 2.0, dtype=F64),
-                  True)
-    middle = 0.5 * (col.lo + col.hi)
-    all_free = col._sets(middle, torch.ones(n, dtype=F64))
-    pinned = col._sets(torch.where(torch.arange(n) == 0, col.lo, middle), torch.ones(n, dtype=F64))
-    calls = []
-    col.predict = lambda *args: calls.append(1) or (pinned if len(calls) % 2 else all_free)
-    a = torch.zeros(n, dtype=F64)
-    assert col.round(a, K @ a, 0.0, a.clone(), s, *all_free) is None
-    calls.clear()
-    out = col.round(a, K @ a, 0.0, a.clone(), s, *all_free, few_cycle=1)
-    assert out is not None and out[3] == 2 and torch.equal(out[4][0], pinned[0])
-    # the last solve was of the pinned sets: a_0 at its bound, the others and b from the bordered system
-    a_out, b_out = out[0].numpy(), out[2]
-    H = K.numpy()[1:, 1:] + s * np.eye(n - 1)
-    lo0 = float(col.lo[0])
-    rhs = col.lin.numpy()[1:] - K.numpy()[1:, 0] * lo0
-    M = np.block([[H, np.ones((n - 1, 1))], [np.ones((1, n - 1)), np.zeros((1, 1))]])
-    sol = np.linalg.solve(M, np.append(rhs, -lo0))
-    assert a_out[0] == lo0
-    np.testing.assert_allclose(a_out[1:], sol[:-1], rtol=1e-7, atol=1e-9)
-    assert b_out == pytest.approx(sol[-1], rel=1e-7, abs=1e-9)
-    np.testing.assert_allclose(out[1].numpy(), K.numpy() @ a_out, rtol=1e-9, atol=1e-9)  # f = K a
-
-
-def test_working_set_on_a_degenerate_problem_reaches_the_issues_gap_and_libsvms_objective():
-    """A degenerate hinge problem (docs/math.rst, session 53): magic's columns rescaled by factors of 0.1-10, labels
-    that a smooth kernel (0.03 x 'scale') cannot separate, n = 4000, C = 1: about 1,000 margin points whose kernel block
-    is numerically of low rank, rounds whose sets cycle on one or two coordinates. The fit reaches a relative gap of
-    1e-8 and a primal objective at most LIBSVM's at tol 1e-5 (where without ``FEW_CYCLE`` it stalled at 6e-8)."""
-    from sklearn.svm import SVC
-
-    from joker_ext import JokerClassifier
-    from joker_ext.comparisons.datasets import load
-
-    ds = load("magic", n_test=100, seed=0)
-    X, labels = np.asarray(ds.X_train, dtype=np.float64)[:4000], np.asarray(ds.y_train)[:4000]
-    y = (labels == labels[0]).astype(int)
-    y[: y.size // 3] = 1 - y[: y.size // 3]
-    X = X * np.random.default_rng(7).uniform(0.1, 10.0, X.shape[1])
-    C, gamma = 1.0, 0.03 / (X.shape[1] * X.var())
-    ours = JokerClassifier(C=C, gamma=gamma, fit_intercept=True).fit(X, y)
-    assert ours.solver_ == "working_set" and ours.relative_gap_ <= 1e-8
-    svc = SVC(C=C, gamma=gamma, tol=1e-5).fit(X, y)
-    margins = (2.0 * y - 1.0) * svc.decision_function(X)
-    sv = X[svc.support_]
-    sq = (sv * sv).sum(1)
-    K_sv = np.exp(-gamma * np.maximum(sq[:, None] + sq[None, :] - 2.0 * sv @ sv.T, 0.0))
-    yd = svc.dual_coef_[0]
-    theirs = 0.5 * yd @ K_sv @ yd + C * np.maximum(0.0, 1.0 - margins).sum()
-    assert ours.primal_objective_ <= theirs * (1 + 1e-9)
-
 def test_stalling_subproblems_escalate_their_weight_and_reach_libsvm(monkeypatch):
     """make_moons at ten times scikit-learn's 'scale' gamma, C = 10 (n = 4000, hinge with an intercept): subproblems
     whose rounds stall at small proximal weights (abandoned, the weight escalated) and whose interior-point solution
