@@ -902,8 +902,8 @@ class JokerClassifier(ClassifierMixin, _JokerBase):
         return np.log(self.predict_proba(X))
 
 
-JokerClassifier.__doc__ = """Kernel classifier (hinge, squared hinge, logistic or squared loss), trained as
-    :class:`JokerRegressor`.
+JokerClassifier.__doc__ = """Kernel classifier (hinge, squared hinge, logistic or squared loss), trained on the dual by
+    the engine ``solver`` picks.
 
     Labels of any type; ``classes_`` is sorted. Binary problems fit one decision function ``f`` (positive
     for ``classes_[1]``, trained on ``y = +1`` for ``classes_[1]``, ``-1`` otherwise). Multi-class problems fit
