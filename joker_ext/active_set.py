@@ -816,7 +816,8 @@ def outer_loop(mon: Monitor, opts: SolverOptions, loss: Loss, Y, F, alpha, b, c,
     test after the monitor's (a reason such as 'converged' or 'stalled', else None); ``level``: the targets' level
     (:func:`~joker_ext.engines.target_level`; ``Y`` is less it, the intercepts recorded are ``b + level``). Returns
     ``(reason, it, rec)``."""
-    rec = _certify(mon, loss, Y, F, alpha, b, c, it, state, sigma, level)
+    box = _BoxCheck(columns)
+    rec = _certify(mon, loss, Y, F, alpha, b, c, it, state, sigma, level, box)
     best = _BestIterate(rec, alpha, F, b, opts.tol)
     reason = "converged" if rec["rel_gap"] <= opts.tol else None
     while reason is None and it < opts.max_iter:
@@ -824,7 +825,7 @@ def outer_loop(mon: Monitor, opts: SolverOptions, loss: Loss, Y, F, alpha, b, c,
             if rec["column_rel_gap"][t] > opts.tol:
                 solve_column(t, col)
         it += 1
-        rec = _certify(mon, loss, Y, F, alpha, b, c, it, state, sigma, level)
+        rec = _certify(mon, loss, Y, F, alpha, b, c, it, state, sigma, level, box)
         best.update(rec, alpha, F, b)
         reason = mon.stop_reason(rec, state, alpha, interrupted())
         if reason is None:
@@ -833,7 +834,7 @@ def outer_loop(mon: Monitor, opts: SolverOptions, loss: Loss, Y, F, alpha, b, c,
             reason = "stalled"  # (its best iterate, at the rounding floor, is restored: 'converged')
     if reason in RESTORED_ON and best.restore(rec, alpha, F, b):
         mon.history.pop()  # the record of the last iterate gives way to the restored one's (same iteration count)
-        rec = _certify(mon, loss, Y, F, alpha, b, c, it, state, sigma, level)
+        rec = _certify(mon, loss, Y, F, alpha, b, c, it, state, sigma, level, box)
         if reason == "stalled" and at_rounding_floor(rec["rel_gap"], opts.tol, F.dtype):
             reason = "converged"
     return reason, it, rec
@@ -884,9 +885,40 @@ class _BestIterate:
         return bool(worse)
 
 
-def _certify(mon: Monitor, loss: Loss, Y, F, alpha, b, c, iteration: int, state: dict, sigma, level=None) -> dict:
-    """Record the duality gap of the original problem at ``(K alpha + b, alpha)`` (alpha is feasible; with the
-    targets ``Y`` less ``level``, the intercept recorded is ``b + level``: the same gap)."""
+#: Largest excursion of an iterate beyond its box that a certificate accepts, relative to the largest finite bound of
+#: its column (rounding leaves a solved coordinate a few units in the last place beyond a bound at most).
+BOX_SLACK = 1e-9
+
+
+class _BoxCheck:
+    """The columns' boxes (``n x T``) and the excursion each column tolerates (:data:`BOX_SLACK` times its largest
+    finite bound); calling it with ``alpha`` raises RuntimeError when a coordinate lies beyond: the gap certifies only
+    a feasible ``alpha`` (a cycling round once ended at a point 0.12 above ``C`` and the fit reported 'converged' at
+    a gap of -1.9e-10: session 53 in docs/math.rst). Formed once per fit: a check is two comparisons."""
+
+    def __init__(self, columns):
+        self.lo = torch.stack([col.lo for col in columns], dim=1)
+        self.hi = torch.stack([col.hi for col in columns], dim=1)
+        finite = torch.maximum(self.lo.abs().nan_to_num(posinf=0.0), self.hi.abs().nan_to_num(posinf=0.0))
+        self.slack = BOX_SLACK * finite.amax(0, keepdim=True) if finite.numel() else finite
+
+    def __call__(self, alpha: torch.Tensor) -> None:
+        outside = (alpha < self.lo - self.slack) | (alpha > self.hi + self.slack)
+        if bool(outside.any()):
+            i, t = divmod(int(torch.nonzero(outside.reshape(-1))[0]), alpha.shape[1])
+            raise RuntimeError(f"internal error: a dual coefficient left its box (row {i}, column {t}: alpha = "
+                               f"{float(alpha[i, t]):.6g} outside [{float(self.lo[i, t]):.6g}, "
+                               f"{float(self.hi[i, t]):.6g}]), where its duality gap certifies nothing; please report "
+                               f"it with the data")
+
+
+def _certify(mon: Monitor, loss: Loss, Y, F, alpha, b, c, iteration: int, state: dict, sigma, level=None,
+             box: Optional[_BoxCheck] = None) -> dict:
+    """Record the duality gap of the original problem at ``(K alpha + b, alpha)`` (alpha is feasible; ``box`` checks
+    it: :class:`_BoxCheck`; with the targets ``Y`` less ``level``, the intercept recorded is ``b + level``: the same
+    gap)."""
+    if box is not None:
+        box(alpha)
     primal, dual, gap, rel = certificate(loss, Y, F, alpha, c.reshape(-1, 1), b)
     state["f"] = F
     if "intercept" in state:

@@ -739,6 +739,27 @@ def test_a_round_whose_sets_keep_changing_is_abandoned_at_the_stall_step():
     assert len(solves) == MAX_INNER
 
 
+
+def test_box_check_refuses_a_coefficient_beyond_its_box_and_passes_rounding():
+    """The certificate's check of feasibility: the hinge dual's box is ``[0, C]`` for ``y = +1`` and ``[-C, 0]`` for
+    ``y = -1``; a coefficient 0.1 beyond it raises (naming its row), one a few units in the last place beyond does
+    not."""
+    from joker_ext.active_set import _BoxCheck, _Column
+
+    n, C = 40, 2.0
+    y = np.where(np.arange(n) % 2 == 0, 1.0, -1.0)
+    c = torch.full((n,), C, dtype=F64)
+    check = _BoxCheck([_Column(None, torch.ones(n, dtype=F64), get_loss("hinge"), torch.as_tensor(y), c, True)])
+    alpha = torch.as_tensor(np.where(y > 0, C, -C)).reshape(n, 1)  # every coefficient at its outer bound
+    check(alpha)
+    alpha[4, 0] = C * (1 + 4 * np.finfo(np.float64).eps)
+    alpha[7, 0] = -C * (1 + 4 * np.finfo(np.float64).eps)
+    check(alpha)
+    alpha[6, 0] = 0.1  # y = +1's box is [0, C]: inside
+    alpha[9, 0] = 0.1  # y = -1's box is [-C, 0]: 0.1 beyond
+    with pytest.raises(RuntimeError, match="row 9, column 0"):
+        check(alpha)
+
 def test_stalling_subproblems_escalate_their_weight_and_reach_libsvm(monkeypatch):
     """make_moons at ten times scikit-learn's 'scale' gamma, C = 10 (n = 4000, hinge with an intercept): subproblems
     whose rounds stall at small proximal weights (abandoned, the weight escalated) and whose interior-point solution
