@@ -886,21 +886,25 @@ class _BestIterate:
 
 
 #: Largest excursion of an iterate beyond its box that a certificate accepts, relative to the largest finite bound of
-#: its column (rounding leaves a solved coordinate a few units in the last place beyond a bound at most).
+#: its column (rounding leaves a solved coordinate a few units in the last place beyond a bound at most), or
+#: ``BOX_SLACK_ULPS`` units of rounding of the iterate's dtype where that is more (float32: 1.2e-4).
 BOX_SLACK = 1e-9
+BOX_SLACK_ULPS = 1000
 
 
 class _BoxCheck:
-    """The columns' boxes (``n x T``) and the excursion each column tolerates (:data:`BOX_SLACK` times its largest
-    finite bound); calling it with ``alpha`` raises RuntimeError when a coordinate lies beyond: the gap certifies only
-    a feasible ``alpha`` (a cycling round once ended at a point 0.12 above ``C`` and the fit reported 'converged' at
-    a gap of -1.9e-10: session 53 in docs/math.rst). Formed once per fit: a check is two comparisons."""
+    """The columns' boxes (``n x T``) and the excursion each column tolerates (:data:`BOX_SLACK`, or
+    :data:`BOX_SLACK_ULPS` units of rounding, times its largest finite bound); calling it with ``alpha`` raises
+    RuntimeError when a coordinate lies beyond: the gap certifies only a feasible ``alpha`` (a cycling round once ended
+    at a point 0.12 above ``C`` and the fit reported 'converged' at a gap of -1.9e-10: session 53 in docs/math.rst).
+    Formed once per fit: a check is two comparisons."""
 
     def __init__(self, columns):
         self.lo = torch.stack([col.lo for col in columns], dim=1)
         self.hi = torch.stack([col.hi for col in columns], dim=1)
         finite = torch.maximum(self.lo.abs().nan_to_num(posinf=0.0), self.hi.abs().nan_to_num(posinf=0.0))
-        self.slack = BOX_SLACK * finite.amax(0, keepdim=True) if finite.numel() else finite
+        share = max(BOX_SLACK, BOX_SLACK_ULPS * torch.finfo(self.lo.dtype).eps)
+        self.slack = share * finite.amax(0, keepdim=True) if finite.numel() else finite
 
     def __call__(self, alpha: torch.Tensor) -> None:
         outside = (alpha < self.lo - self.slack) | (alpha > self.hi + self.slack)

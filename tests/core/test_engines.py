@@ -739,7 +739,6 @@ def test_a_round_whose_sets_keep_changing_is_abandoned_at_the_stall_step():
     assert len(solves) == MAX_INNER
 
 
-
 def test_box_check_refuses_a_coefficient_beyond_its_box_and_passes_rounding():
     """The certificate's check of feasibility: the hinge dual's box is ``[0, C]`` for ``y = +1`` and ``[-C, 0]`` for
     ``y = -1``; a coefficient 0.1 beyond it raises (naming its row), one a few units in the last place beyond does
@@ -759,6 +758,7 @@ def test_box_check_refuses_a_coefficient_beyond_its_box_and_passes_rounding():
     alpha[9, 0] = 0.1  # y = -1's box is [-C, 0]: 0.1 beyond
     with pytest.raises(RuntimeError, match="row 9, column 0"):
         check(alpha)
+
 
 def test_stalling_subproblems_escalate_their_weight_and_reach_libsvm(monkeypatch):
     """make_moons at ten times scikit-learn's 'scale' gamma, C = 10 (n = 4000, hinge with an intercept): subproblems
