@@ -916,13 +916,12 @@ class _BoxCheck:
                                f"it with the data")
 
 
-def _certify(mon: Monitor, loss: Loss, Y, F, alpha, b, c, iteration: int, state: dict, sigma, level=None,
-             box: Optional[_BoxCheck] = None) -> dict:
-    """Record the duality gap of the original problem at ``(K alpha + b, alpha)`` (alpha is feasible; ``box`` checks
-    it: :class:`_BoxCheck`; with the targets ``Y`` less ``level``, the intercept recorded is ``b + level``: the same
-    gap)."""
-    if box is not None:
-        box(alpha)
+def _certify(mon: Monitor, loss: Loss, Y, F, alpha, b, c, iteration: int, state: dict, sigma, level,
+             box: _BoxCheck) -> dict:
+    """Record the duality gap of the original problem at ``(K alpha + b, alpha)`` (alpha is feasible, which ``box``
+    checks first; with the targets ``Y`` less ``level`` (None: not shifted), the intercept recorded is ``b + level``:
+    the same gap)."""
+    box(alpha)
     primal, dual, gap, rel = certificate(loss, Y, F, alpha, c.reshape(-1, 1), b)
     state["f"] = F
     if "intercept" in state:
