@@ -286,6 +286,24 @@ class _Column:
         side of its sign)."""
         return self._sets(a, torch.sign(a) if self.kink else torch.ones_like(a))
 
+    def near_sets(self, a, share: float):
+        """``(code, sgn, value)`` with every coordinate within ``share`` of its box's width (its ``c`` where the box
+        is not finite) from a bound at that bound, one as near the kink at the kink (losses with a kink, where the
+        kink lies inside the box), the others free: the sets of an interior point's iterate, whose coordinates stay
+        off their bounds by about its complementarity (or its square root, where the optimum is degenerate)."""
+        width = self.hi - self.lo
+        reach = share * torch.where(torch.isfinite(width), width, self.c)
+        code = torch.full_like(a, FREE, dtype=torch.int8)
+        code = torch.where(a - self.lo <= reach, torch.full_like(code, LOWER), code)
+        code = torch.where(self.hi - a <= reach, torch.full_like(code, UPPER), code)
+        sgn = torch.sign(a) if self.kink else torch.ones_like(a)
+        if self.kink:
+            at_kink = (a.abs() <= reach) & self.kink_inside
+            code = torch.where(at_kink, torch.full_like(code, ZERO), code)
+            sgn = torch.where(at_kink, torch.zeros_like(sgn), sgn)
+        value = torch.where(code == LOWER, self.lo, torch.where(code == UPPER, self.hi, torch.zeros_like(a)))
+        return code, sgn, value
+
     def solve(self, code, sgn, value, s, abar, fresh: bool = False) -> Tuple[torch.Tensor, float]:
         """The point with the fixed coordinates at ``value`` and the free ones (and b) solving the KKT system
         (through :attr:`factor`, which updates the last step's Cholesky factor when the sets changed little; its

@@ -52,7 +52,7 @@ def _step_length(x: torch.Tensor, dx: torch.Tensor) -> float:
 
 def solve_box_qp(Q, lin: torch.Tensor, kink: float, lo: torch.Tensor, hi: torch.Tensor,
                  total: Optional[float] = None,
-                 tol: float = COMPLEMENTARITY_TOL, probe: Optional[Callable[[torch.Tensor, float], bool]] = None,
+                 tol: float = COMPLEMENTARITY_TOL, probe: Optional[Callable[[torch.Tensor, float, float], bool]] = None,
                  probe_tol: Union[float, Sequence[float]] = 0.0) -> Tuple[torch.Tensor, float, int, bool]:
     """Solve the box QP of the module docstring.
 
@@ -71,8 +71,8 @@ def solve_box_qp(Q, lin: torch.Tensor, kink: float, lo: torch.Tensor, hi: torch.
     tol : float
         Relative complementarity at which it stops (the dual residual's tolerance is ``max(tol, RESIDUAL_TOL)``).
     probe : callable, optional
-        ``probe(a, eta) -> bool``, called at the first iterate whose relative complementarity is at most
-        ``probe_tol``: True stops the solver there (the caller has finished the problem from that iterate, e.g.
+        ``probe(a, eta, level) -> bool``, called at the first iterate whose relative complementarity is at most
+        ``probe_tol`` (``level``: the smallest level of ``probe_tol`` the iterate has passed): True stops the solver there (the caller has finished the problem from that iterate, e.g.
         by active-set steps from the sets it predicts), and ``(a, eta, iterations, True)`` is returned.
     probe_tol : float or sequence of float
         The level, or levels: after a False the probe is called again at the first iterate past the next level
@@ -97,10 +97,10 @@ def solve_box_qp(Q, lin: torch.Tensor, kink: float, lo: torch.Tensor, hi: torch.
     linF = lin[idx] - rows.index_select(1, fixed) @ lo[fixed]
     totF = None if total is None else total - float(lo[fixed].sum())
 
-    def probe_all(aF, eta):
+    def probe_all(aF, eta, level):
         full = a.clone()
         full[idx] = aF
-        return probe(full, eta)
+        return probe(full, eta, level)
 
     aF, eta, it, ok = _mehrotra(rows.index_select(1, idx), linF, float(kink), lo[idx], hi[idx], totF, tol,
                                 probe_all if probe is not None else None, probe_tol)
@@ -218,7 +218,8 @@ def box_qp_iterates(Q, lin: torch.Tensor, kink: float, lo: torch.Tensor, hi: tor
         r_p = 0.0 if total is None else float(a.sum()) - total
         yield it, a, eta, comp / max(1.0, abs(objective))
         if probe is not None and probe_levels and comp <= probe_levels[0] * max(1.0, abs(objective)):
-            if probe(a, eta):
+            passed = [p for p in probe_levels if comp <= p * max(1.0, abs(objective))]
+            if probe(a, eta, passed[-1]):
                 return a, eta, it, True
             # the next probe at the first iterate past the next level not yet crossed
             probe_levels = [p for p in probe_levels if comp > p * max(1.0, abs(objective))]

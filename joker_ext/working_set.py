@@ -43,8 +43,12 @@ Every outer iteration:
    from the interior point's iterate at a loose tolerance, ``PROBE_TOL``, and on large sets first at a looser one,
    ``EARLY_PROBE_TOL``) and snapped to its
    active sets by one active-set round at the smallest weight (float64; measured at n = 4000, C = 10,
-   epsilon-insensitive: 13 outer iterations instead of 36, 1.0 s instead of 3.5 s). Otherwise, or when that
-   fails, the subproblem is solved by the proximal active-set rounds of
+   epsilon-insensitive: 13 outer iterations instead of 36, 1.0 s instead of 3.5 s). Where that snap fails, the
+   interior point goes on to ``CROSSOVER_TOL`` and its iterate is snapped to the sets its distances to the bounds
+   give (the *crossover*: weakly active coordinates stay about the square root of the complementarity inside their
+   box, where the snap's prediction takes them for free); a column whose crossover finds its optimum degenerate
+   (more such coordinates than free ones) sends every mostly free subproblem to the interior point from then on.
+   Otherwise, or when that fails, the subproblem is solved by the proximal active-set rounds of
    :mod:`joker_ext.active_set` (each round decreases the whole objective, since its proximal term is
    centred at the current point), from the interior point's solution where it converged but its sets would not
    snap (degenerate coordinates: magic, 15,216 rows, hinge at gamma 0.5, threw six such solutions of 3,200
@@ -177,6 +181,30 @@ SNAP_FAILURES = 1
 #: Relative complementarity of the interior-point subproblem solves (their answer is snapped to its active sets
 #: afterwards, so it need not be tight: 1e-8 instead of 1e-11 saved 2-6% of epsilon-insensitive and hinge fits).
 INTERIOR_POINT_TOL = 1e-8
+#: The crossover (:func:`_crossover`): whether an interior-point solution that would not snap to the sets its
+#: prediction gives goes on to ``CROSSOVER_TOL`` and is snapped to the sets by distance (within ``CROSSOVER_SHARE`` of
+#: its box's width from a bound: :meth:`~joker_ext.active_set._Column.near_sets`). Where the margin points' kernel
+#: block is numerically of low rank the optimum is degenerate: many coordinates sit at a bound with no pull off it,
+#: the interior point leaves them about the square root of its complementarity inside their box (1e-7 to 1e-5 of the
+#: width at 1e-12, the free ones from 1e-4 on), the prediction takes them for free, and the proximal rounds that
+#: followed kept about 1,000 such coordinates free and crawled (the survey's case 1035, magic with its columns
+#: rescaled, hinge at 0.03x 'scale': 'stalled' at relative gaps of 1e-7 to 1e-6 after 1.5-11 s); snapped by
+#: distance, the free sets are 200-250 (LIBSVM's count at its tol 1e-9) and the fits converge. The interior point
+#: goes on from its iterate at ``INTERIOR_POINT_TOL`` (4-20 more iterations), not afresh: a second solve cost make_moons
+#: at C = 1000 and 10x 'scale' 1.5x its time. 1e-12 against 1e-10 / 1e-11 / 1e-13 and 1e-3 against 3e-3 / 3e-4 on
+#: case 1035 at three (C, gamma): the fewest outer iterations.
+CROSSOVER = True
+CROSSOVER_TOL = 1e-12
+CROSSOVER_SHARE = 1e-3
+#: The crossover's verdict: a column's optimum is *degenerate* when more than ``DEGENERATE_SHARE`` times as many
+#: coordinates as it leaves free lie between ``DEGENERATE_DISTANCE`` and ``CROSSOVER_SHARE`` of their box's width from
+#: a bound (case 1035: 340-860 against 190-240 free; make_moons and make_circles at C = 1000 and 10x 'scale', whose
+#: first solutions would not snap either: 2-28 against 150-200). Every mostly free subproblem of a degenerate column
+#: goes to the interior point and the crossover (the proximal rounds between them freed the degenerate coordinates
+#: again: 14.6 s at C = 1, 0.03x 'scale', against 1.2 s); the other columns keep :data:`SNAP_FAILURES`, where the
+#: rounds cost less than an interior point (make_circles at C = 1000: 10-20 ms against 50-60 ms a subproblem).
+DEGENERATE_DISTANCE = 1e-7
+DEGENERATE_SHARE = 0.5
 #: A subproblem of mostly free coordinates first takes active-set steps at the smallest proximal weight from its
 #: current sets, while no step changes the sets of more than this many times as many coordinates as the step before
 #: (:meth:`joker_ext.active_set._Column.round`'s ``shrink``); the interior point solves it when they stop. Steps that
@@ -450,31 +478,53 @@ def _round_at_floor(sub: _Column, a, f, b: float, scale: float, shrink: Optional
 
 
 def _interior_point(sub: _Column, K_BB, scale: float):
-    """``(a_B, b, exact)``: the subproblem's exact solution by :func:`~joker_ext.interior_point.solve_box_qp` (no
-    proximal term), snapped to its active sets by :func:`_round_at_floor`, or finished by the quick steps from its
-    iterate at ``PROBE_TOL`` (``exact`` True); where the snap fails, the converged interior iterate itself (``exact``
-    False: the caller's proximal rounds start from it); None when the interior point did not converge."""
+    """``(a_B, b, exact, snap_failed, degenerate)``: the subproblem's exact solution by
+    :func:`~joker_ext.interior_point.solve_box_qp` (no proximal term), finished by the quick steps from its iterate
+    at ``PROBE_TOL`` or snapped to its active sets by :func:`_round_at_floor` at ``INTERIOR_POINT_TOL`` (``exact``
+    True). Where that snap fails (``snap_failed``) the interior point goes on to :data:`CROSSOVER_TOL` and its iterate
+    is snapped to the sets by distance (:func:`_crossover`; ``degenerate``: its verdict); where that fails too, the
+    caller's proximal rounds start from that iterate (``exact`` False). None when the interior point did not reach
+    ``INTERIOR_POINT_TOL``."""
     Q = K_BB.clone()
     Q.diagonal().add_(sub.h)
-    snapped = []
+    snapped, loose = [], []
 
-    def probe(a, b):
-        out = _round_at_floor(sub, a, K_BB @ a, b, scale, QUICK_SHRINK)
+    def probe(a, b, level):
+        if level > INTERIOR_POINT_TOL:  # the quick steps, abandoned as soon as they stop settling
+            out = _round_at_floor(sub, a, K_BB @ a, b, scale, QUICK_SHRINK)
+        else:
+            loose.append((a, b))
+            out = _round_at_floor(sub, a, K_BB @ a, b, scale)
         if out is not None:
             snapped.append(out)
         return out is not None
 
+    levels = (EARLY_PROBE_TOL, PROBE_TOL) if K_BB.shape[0] >= EARLY_PROBE_SIZE else (PROBE_TOL,)
     a, b, _, converged = solve_box_qp(Q, sub.lin, sub.kink, sub.lo, sub.hi, sub.total if sub.intercept else None,
-                                      tol=INTERIOR_POINT_TOL, probe=probe,
-                                      probe_tol=(EARLY_PROBE_TOL, PROBE_TOL) if K_BB.shape[0] >= EARLY_PROBE_SIZE
-                                      else PROBE_TOL)
+                                      tol=CROSSOVER_TOL if CROSSOVER else INTERIOR_POINT_TOL, probe=probe,
+                                      probe_tol=levels + (INTERIOR_POINT_TOL,))
     del Q
     if snapped:
-        return snapped[0] + (True,)
-    if not converged:
+        return snapped[0] + (True, False, False)
+    if not loose:
         return None
-    out = _round_at_floor(sub, a, K_BB @ a, b, scale)
-    return (a, b, False) if out is None else out + (True,)
+    if not (CROSSOVER and converged):  # (short of CROSSOVER_TOL) the rounds start from the iterate that would not snap
+        return loose[0] + (False, True, False)
+    out, degenerate = _crossover(sub, K_BB, a, b, scale)
+    return (a, b, False, True, degenerate) if out is None else out + (True, True, degenerate)
+
+
+def _crossover(sub: _Column, K_BB, a, b: float, scale: float):
+    """``(solution, degenerate)``: the subproblem's exact solution ``(a_B, b)`` by active-set steps at the smallest
+    proximal weight from the sets by distance (:meth:`~joker_ext.active_set._Column.near_sets`) of its interior-point
+    solution ``(a, b)`` at :data:`CROSSOVER_TOL`, or None where the steps do not settle; ``degenerate``: whether more
+    than ``DEGENERATE_SHARE`` times as many coordinates as that leaves free lie between ``DEGENERATE_DISTANCE`` and
+    ``CROSSOVER_SHARE`` of their box's width from a bound."""
+    code, sgn, value = sub.near_sets(a, CROSSOVER_SHARE)
+    free = int((code == FREE).sum())
+    degenerate = int((sub.near_sets(a, DEGENERATE_DISTANCE)[0] == FREE).sum()) - free > DEGENERATE_SHARE * free
+    out = sub.round(a, K_BB @ a, b, a.clone(), SIGMA_FLOOR * scale / sub.c, code, sgn, value)
+    return (None if out is None else (out[0], out[2])), degenerate
 
 
 def _subproblem(col: _Column, K_BB, B, a, f, b: float, sigma: float, floor: float, factor: FreeFactor,
@@ -507,14 +557,15 @@ def _subproblem(col: _Column, K_BB, B, a, f, b: float, sigma: float, floor: floa
         first = max(FIRST_FREE, int(QUICK_FIRST * free))
         done = _round_at_floor(sub, aB, fB, b, col.scale, QUICK_SHRINK_NEAR if near else QUICK_SHRINK, first)
         if done is not None:
-            return done[0], done[1], sigma, floor, True, False, False
+            return done[0], done[1], sigma, floor, True, False, False, False
     quick_failed = float64 and mostly_free and quick
-    snap_failed = False
+    snap_failed = degenerate = False
     if mostly_free and float64 and interior:
         solved = _interior_point(sub, K_BB, col.scale)
+        if solved is not None:
+            snap_failed, degenerate = solved[3], solved[4]
         if solved is not None and solved[2]:
-            return solved[0], solved[1], sigma, floor, True, quick_failed, False
-        snap_failed = solved is not None
+            return solved[0], solved[1], sigma, floor, True, quick_failed, snap_failed, degenerate
         if solved is not None:
             # its active sets would not snap (degenerate coordinates): the rounds start from its solution
             aB, b = solved[0], solved[1]
@@ -544,7 +595,7 @@ def _subproblem(col: _Column, K_BB, B, a, f, b: float, sigma: float, floor: floa
         if steps <= 1 or settled == rounds:
             break
     # the next subproblem starts near what settled here
-    return aB, b, max(sigma, floor / 10.0), floor, exact, quick_failed, snap_failed
+    return aB, b, max(sigma, floor / 10.0), floor, exact, quick_failed, snap_failed, degenerate
 
 
 class _KernelRows:
@@ -669,10 +720,11 @@ def _decompose(src: _KernelRows, columns, loss: Loss, Y, c_col, alpha, F, interc
         if held is not None:
             factors[t].relabel(torch.searchsorted(B, held))
         quick = quick_fails[t] < QUICK_FAILURES or gaps[t] < quick_failed_at[t] / QUICK_RETRY_DROP
-        aB, b_sub[t], sigma[t], floor[t], exact[t], failed, snap_failed = _subproblem(
+        aB, b_sub[t], sigma[t], floor[t], exact[t], failed, snap_failed, found_degenerate = _subproblem(
             col, K_BB, B, a, F[:, t], b_sub[t], sigma[t], floor[t], factors[t], mostly_free, quick, near,
-            interior=snap_fails[t] < SNAP_FAILURES)
+            interior=snap_fails[t] < SNAP_FAILURES or degenerate[t])
         snap_fails[t] += snap_failed
+        degenerate[t] = degenerate[t] or found_degenerate
         if failed:
             quick_fails[t], quick_failed_at[t] = quick_fails[t] + 1, gaps[t]
         elif quick and mostly_free:
@@ -696,6 +748,8 @@ def _decompose(src: _KernelRows, columns, loss: Loss, Y, c_col, alpha, F, interc
     # solutions that would not snap
     gaps, quick_fails, quick_failed_at = [1.0] * T, [0] * T, [1.0] * T
     snap_fails = [0] * T
+    # whether its optimum is degenerate (:func:`_crossover`): its mostly free subproblems then all go to the interior point
+    degenerate = [False] * T
     stall = GapStall(opts.tol, dtype, c_col)
     repeat, last_set = [False] * T, [None] * T
     # whether the column's last subproblem was one its next working set can only repeat (set by solve_column)

@@ -763,8 +763,9 @@ def test_box_check_refuses_a_coefficient_beyond_its_box_and_passes_rounding():
 def test_stalling_subproblems_escalate_their_weight_and_reach_libsvm(monkeypatch):
     """make_moons at ten times scikit-learn's 'scale' gamma, C = 10 (n = 4000, hinge with an intercept): subproblems
     whose rounds stall at small proximal weights (abandoned, the weight escalated) and whose interior-point solution
-    will not snap to its active sets (degenerate coordinates; the column's later subproblems then skip the interior
-    point). The fit reaches LIBSVM's optimum (tol 1e-8) with a certified gap."""
+    will not snap to the active sets its prediction gives (weakly active coordinates; the crossover finds that few of
+    them lie between strictly active and free, so the column's later subproblems skip the interior point). The fit
+    reaches LIBSVM's optimum (tol 1e-8) with a certified gap."""
     from sklearn.datasets import make_moons
     from sklearn.svm import SVC
 
@@ -774,7 +775,7 @@ def test_stalling_subproblems_escalate_their_weight_and_reach_libsvm(monkeypatch
     X, y01 = make_moons(4000, noise=0.3, random_state=0)
     y = 2.0 * y01 - 1.0
     C, gamma = 10.0, 10.0 / (X.shape[1] * X.var())
-    stalled, interior = [], []
+    stalled, snap_failed = [], []
     round_, interior_point = act._Column.round, ws._interior_point
 
     def recording_round(self, *args, stall=None, **kw):
@@ -785,7 +786,8 @@ def test_stalling_subproblems_escalate_their_weight_and_reach_libsvm(monkeypatch
 
     def recording_interior_point(*args):
         out = interior_point(*args)
-        interior.append(None if out is None else out[2])
+        snap_failed.append(out is not None and out[3])
+        assert out is None or not out[4]  # not a degenerate optimum
         return out
 
     monkeypatch.setattr(act._Column, "round", recording_round)
@@ -796,13 +798,81 @@ def test_stalling_subproblems_escalate_their_weight_and_reach_libsvm(monkeypatch
                  options=SolverOptions(tol=1e-12, max_iter=300), solver="working_set", intercept=True)
     assert m.result.status == "converged" and m.result.rel_gap <= 1e-12
     assert any(stalled) and not all(stalled)  # rounds abandoned, and rounds at escalated weights that settled
-    assert False in interior and interior.index(False) == len(interior) - 1  # none after the first that did not snap
+    assert True in snap_failed and snap_failed.index(True) == len(snap_failed) - 1  # none after the first failure
     K, a_ref, f_ref, f = _libsvm_and_ours(X, sigma, SVC(C=C, gamma=gamma, tol=1e-8).fit(X, y), m)
 
     def primal(a, f):
         return 0.5 * a @ K @ a + C * np.maximum(0.0, 1.0 - y * f).sum()
 
     assert primal(m.alpha[:, 0].numpy(), f) <= primal(a_ref, f_ref) * (1 + 1e-9)
+
+
+def test_near_sets_put_coordinates_within_reach_of_a_bound_or_the_kink_there():
+    """The crossover's sets by distance: within ``share`` of its box's width from a bound a coordinate is at that bound
+    (its value the bound's), as near zero (losses with a kink inside the box) at the kink with sign 0, else free."""
+    from joker_ext.active_set import _Column
+    from joker_ext.box_sets import FREE, LOWER, UPPER, ZERO
+
+    n, C, share = 6, 2.0, 1e-3
+    c = torch.full((n,), C, dtype=F64)
+    # hinge: [0, 2] for y = +1, [-2, 0] for y = -1; reach 2e-3
+    hinge = _Column(None, torch.ones(n, dtype=F64), get_loss("hinge"),
+                    torch.tensor([1.0, 1.0, 1.0, -1.0, -1.0, -1.0], dtype=F64), c, True)
+    code, _, value = hinge.near_sets(torch.tensor([1e-3, C - 1.9e-3, 2.5e-3, -1e-4, -C + 5e-3, -1.0], dtype=F64), share)
+    assert code.tolist() == [LOWER, UPPER, FREE, UPPER, FREE, FREE]
+    assert value.tolist() == [0.0, C, 0.0, 0.0, 0.0, 0.0]
+    # epsilon-insensitive: [-2, 2] with the kink at zero; reach 4e-3
+    eps = _Column(None, torch.ones(n, dtype=F64), get_loss("epsilon_insensitive", epsilon=0.1),
+                  torch.zeros(n, dtype=F64), c, True)
+    code, sgn, value = eps.near_sets(torch.tensor([3e-3, -C + 1e-3, 0.5, -0.5, C - 5e-3, -3.9e-3], dtype=F64), share)
+    assert code.tolist() == [ZERO, LOWER, FREE, FREE, FREE, ZERO]
+    assert sgn.tolist() == [0.0, -1.0, 1.0, -1.0, 1.0, 0.0] and value.tolist() == [0.0, -C, 0.0, 0.0, 0.0, 0.0]
+
+
+def test_degenerate_hinge_optimum_is_crossed_over_to_a_certified_gap(monkeypatch):
+    """magic (4,000 rows whose labels are their position: its first rows all share a class, a third of them
+    flipped), its columns rescaled 0.1-10x, hinge at 0.03x 'scale', C = 1: the margin points' kernel block is
+    numerically of low rank and the optimum degenerate; the interior point leaves hundreds of coordinates about the
+    square root of its complementarity inside their box, where the proximal rounds took them for free and stalled at
+    a relative gap of 6e-8. The crossover finds the optimum degenerate and the fit ends certified: the gap, recomputed
+    here from the dense kernel matrix, is below 1e-10, every coefficient in its box, the objective at or below that
+    of LIBSVM's solution."""
+    from sklearn.svm import SVC
+    from joker_ext.comparisons.datasets import load
+    import joker_ext.working_set as ws
+
+    ds = load("magic", n_test=100, seed=0)
+    X, labels = np.asarray(ds.X_train, dtype=np.float64)[:4000], np.asarray(ds.y_train)[:4000]
+    y = np.where(labels == labels[0], 1.0, -1.0)
+    assert (y == 1.0).all()  # the class of its first rows: the labels below are the rows' positions
+    y[: y.size // 3] = -1.0
+    X = X * np.random.default_rng(7).uniform(0.1, 10.0, X.shape[1])
+    C, gamma = 1.0, 0.03 / (X.shape[1] * X.var())
+    crossover, verdicts = ws._crossover, []
+
+    def recorded(*args):
+        out = crossover(*args)
+        verdicts.append(out[1])
+        return out
+
+    monkeypatch.setattr(ws, "_crossover", recorded)
+    sigma = (0.5 / gamma) ** 0.5
+    m = fit_dual(torch.as_tensor(X), torch.as_tensor(y).reshape(-1, 1), loss=get_loss("hinge"),
+                 c=torch.full((len(y),), C, dtype=F64), kernel=GaussianKernel(sigma),
+                 options=SolverOptions(tol=1e-14, max_iter=300), solver="working_set", intercept=True)
+    assert m.result.status == "converged" and any(verdicts)
+    a, b = m.alpha[:, 0].numpy(), float(m.result.state["intercept"][0])
+    assert (a * y >= 0).all() and (a * y <= C).all() and abs(a.sum()) <= 1e-10 * C * len(y)
+    K = GaussianKernel(sigma)(torch.as_tensor(X), torch.as_tensor(X)).numpy()
+    f = K @ a
+    primal = 0.5 * a @ f + C * np.maximum(0.0, 1.0 - y * (f + b)).sum()
+    dual = -0.5 * a @ f + y @ a
+    assert 0 <= primal - dual <= 1e-10 * primal
+    svc = SVC(C=C, gamma=gamma, tol=1e-3).fit(X, y)
+    a_ref = np.zeros(len(y))
+    a_ref[svc.support_] = svc.dual_coef_[0]
+    f_ref = K @ a_ref
+    assert primal <= 0.5 * a_ref @ f_ref + C * np.maximum(0.0, 1.0 - y * (f_ref + svc.intercept_[0])).sum()
 
 
 @pytest.mark.parametrize("name", ["hinge", "epsilon_insensitive"])

@@ -101,10 +101,11 @@ def test_probe_levels_are_tried_in_turn_at_the_first_iterate_past_each():
     first = next(i for i, r in enumerate(relative) if r <= levels[0])
     second = next(i for i, r in enumerate(relative) if r <= levels[1])
     assert first < second  # the problem crosses the two levels at different iterates
-    seen = []
+    seen, passed = [], []
 
-    def declining(a, eta):
+    def declining(a, eta, level):
         seen.append(a.clone())
+        passed.append(level)
         return False
 
     probed = solve_box_qp(K, lin, 0.1, lo, hi, total=0.0, tol=1e-11, probe=declining, probe_tol=levels)
@@ -112,6 +113,22 @@ def test_probe_levels_are_tried_in_turn_at_the_first_iterate_past_each():
     replay = box_qp_iterates(K, lin, 0.1, lo, hi, 0.0, tol=1e-11)
     iterates = [next(replay)[1] for _ in range(second + 1)]
     assert torch.equal(seen[0], iterates[first]) and torch.equal(seen[1], iterates[second])
+    assert passed == list(levels)  # each call names the level its iterate passed
+
+
+def test_probe_names_the_smallest_level_an_iterate_passed():
+    """An iterate that passes two levels at once is probed once, with the smaller of them (the caller's snap may
+    depend on how tight the iterate is)."""
+    K, lin, _ = _problem(60, 3)
+    lo, hi = torch.full((60,), -1.0, dtype=F64), torch.full((60,), 1.0, dtype=F64)
+    relative = [step[3] for step in box_qp_iterates(K, lin, 0.1, lo, hi, 0.0, tol=1e-11)]
+    first = next(r for r in relative if r <= 1e-1)
+    assert first < 1e-1
+    levels = (1e-1, first)  # the first iterate under 1e-1 passes both
+    passed = []
+    solve_box_qp(K, lin, 0.1, lo, hi, total=0.0, tol=1e-11, probe=lambda a, eta, level: passed.append(level),
+                 probe_tol=levels)
+    assert passed == [first]
 
 
 @pytest.mark.parametrize("fixed", [False, True])
@@ -126,7 +143,7 @@ def test_probe_is_called_once_at_its_tolerance_and_can_stop_the_solver(fixed):
     plain = solve_box_qp(K, lin, 0.1, lo, hi, total=0.0, tol=1e-11)
     seen = []
 
-    def declining(a, eta):
+    def declining(a, eta, level):
         seen.append((a.clone(), eta))
         return False
 
@@ -135,5 +152,5 @@ def test_probe_is_called_once_at_its_tolerance_and_can_stop_the_solver(fixed):
     a, eta = seen[0]
     assert a.numel() == 60 and bool((a >= lo).all() and (a <= hi).all()) and torch.equal(a[:5], lo[:5]) == fixed
     assert not torch.equal(a, plain[0])  # an earlier iterate than the solution
-    stopped = solve_box_qp(K, lin, 0.1, lo, hi, total=0.0, tol=1e-11, probe=lambda a, eta: True, probe_tol=1e-3)
+    stopped = solve_box_qp(K, lin, 0.1, lo, hi, total=0.0, tol=1e-11, probe=lambda a, eta, level: True, probe_tol=1e-3)
     assert torch.equal(stopped[0], a) and stopped[1] == eta and stopped[2] < plain[2] and stopped[3]
