@@ -482,9 +482,10 @@ def _interior_point(sub: _Column, K_BB, scale: float):
     :func:`~joker_ext.interior_point.solve_box_qp` (no proximal term), finished by the quick steps from its iterate
     at ``PROBE_TOL`` or snapped to its active sets by :func:`_round_at_floor` at ``INTERIOR_POINT_TOL`` (``exact``
     True). Where that snap fails (``snap_failed``) the interior point goes on to :data:`CROSSOVER_TOL` and its iterate
-    is snapped to the sets by distance (:func:`_crossover`; ``degenerate``: its verdict); where that fails too, the
-    caller's proximal rounds start from that iterate (``exact`` False). None when the interior point did not reach
-    ``INTERIOR_POINT_TOL``."""
+    is snapped to the sets by distance (:func:`_crossover`; ``degenerate``: its verdict), or, where that does not
+    settle, is the solution itself (``exact`` True: the subproblem solved to ``CROSSOVER_TOL``); where it stops short
+    of ``CROSSOVER_TOL``, the caller's proximal rounds start from its iterate at ``INTERIOR_POINT_TOL`` (``exact``
+    False). None when the interior point did not reach ``INTERIOR_POINT_TOL``."""
     Q = K_BB.clone()
     Q.diagonal().add_(sub.h)
     snapped, loose = [], []
@@ -510,8 +511,10 @@ def _interior_point(sub: _Column, K_BB, scale: float):
         return None
     if not (CROSSOVER and converged):  # (short of CROSSOVER_TOL) the rounds start from the iterate that would not snap
         return loose[0] + (False, True, False)
+    # where the crossover's steps do not settle (weakly active coordinates that flip between a bound and free on
+    # rounding), the iterate at CROSSOVER_TOL is the subproblem's solution to that tolerance
     out, degenerate = _crossover(sub, K_BB, a, b, scale)
-    return (a, b, False, True, degenerate) if out is None else out + (True, True, degenerate)
+    return (out or (a, b)) + (True, True, degenerate)
 
 
 def _crossover(sub: _Column, K_BB, a, b: float, scale: float):
