@@ -72,8 +72,9 @@ def solve_box_qp(Q, lin: torch.Tensor, kink: float, lo: torch.Tensor, hi: torch.
         Relative complementarity at which it stops (the dual residual's tolerance is ``max(tol, RESIDUAL_TOL)``).
     probe : callable, optional
         ``probe(a, eta, level) -> bool``, called at the first iterate whose relative complementarity is at most
-        ``probe_tol`` (``level``: the smallest level of ``probe_tol`` the iterate has passed): True stops the solver there (the caller has finished the problem from that iterate, e.g.
-        by active-set steps from the sets it predicts), and ``(a, eta, iterations, True)`` is returned.
+        ``probe_tol`` (``level``: the smallest level of ``probe_tol`` the iterate has passed): True stops the solver
+        there (the caller has finished the problem from that iterate, e.g. by active-set steps from the sets it
+        predicts), and ``(a, eta, iterations, True)`` is returned.
     probe_tol : float or sequence of float
         The level, or levels: after a False the probe is called again at the first iterate past the next level
         that the iterate it saw had not yet passed.

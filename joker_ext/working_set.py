@@ -185,24 +185,30 @@ INTERIOR_POINT_TOL = 1e-8
 #: prediction gives goes on to ``CROSSOVER_TOL`` and is snapped to the sets by distance (within ``CROSSOVER_SHARE`` of
 #: its box's width from a bound: :meth:`~joker_ext.active_set._Column.near_sets`). Where the margin points' kernel
 #: block is numerically of low rank the optimum is degenerate: many coordinates sit at a bound with no pull off it,
-#: the interior point leaves them about the square root of its complementarity inside their box (1e-7 to 1e-5 of the
-#: width at 1e-12, the free ones from 1e-4 on), the prediction takes them for free, and the proximal rounds that
+#: the interior point leaves them about the square root of its complementarity inside their box (1e-7 to 1e-4 of the
+#: width at 1e-12; the free ones mostly beyond 1e-3), the prediction takes them for free, and the proximal rounds that
 #: followed kept about 1,000 such coordinates free and crawled (the survey's case 1035, magic with its columns
 #: rescaled, hinge at 0.03x 'scale': 'stalled' at relative gaps of 1e-7 to 1e-6 after 1.5-11 s); snapped by
-#: distance, the free sets are 200-250 (LIBSVM's count at its tol 1e-9) and the fits converge. The interior point
-#: goes on from its iterate at ``INTERIOR_POINT_TOL`` (4-20 more iterations), not afresh: a second solve cost make_moons
-#: at C = 1000 and 10x 'scale' 1.5x its time. 1e-12 against 1e-10 / 1e-11 / 1e-13 and 1e-3 against 3e-3 / 3e-4 on
-#: case 1035 at three (C, gamma): the fewest outer iterations.
+#: distance, the free sets are 200-250 (LIBSVM's count at its tol 1e-9) and the fits converge. Where the crossover's
+#: active-set steps do not settle (a weakly active coordinate flipping between its bound and free on rounding), the
+#: iterate at ``CROSSOVER_TOL`` is taken as the subproblem's solution (with the proximal rounds from it instead, C = 16
+#: and 0.1x 'scale' took 40 outer iterations and stopped 'stalled' at 1e-10; taken, 10 and converged at 2e-12). The
+#: interior point goes on from its iterate at ``INTERIOR_POINT_TOL`` (2-7 more iterations, 27 once on a degenerate set
+#: of 1,100), not afresh: a second solve cost make_moons at C = 1000 and 10x 'scale' 1.5x its time. 1e-12 against
+#: 1e-10 / 1e-11 / 1e-13 and 1e-3 against 3e-3 / 3e-4 on case 1035 at three (C, gamma): the fewest outer iterations.
 CROSSOVER = True
 CROSSOVER_TOL = 1e-12
 CROSSOVER_SHARE = 1e-3
 #: The crossover's verdict: a column's optimum is *degenerate* when more than ``DEGENERATE_SHARE`` times as many
 #: coordinates as it leaves free lie between ``DEGENERATE_DISTANCE`` and ``CROSSOVER_SHARE`` of their box's width from
-#: a bound (case 1035: 340-860 against 190-240 free; make_moons and make_circles at C = 1000 and 10x 'scale', whose
-#: first solutions would not snap either: 2-28 against 150-200). Every mostly free subproblem of a degenerate column
-#: goes to the interior point and the crossover (the proximal rounds between them freed the degenerate coordinates
-#: again: 14.6 s at C = 1, 0.03x 'scale', against 1.2 s); the other columns keep :data:`SNAP_FAILURES`, where the
-#: rounds cost less than an interior point (make_circles at C = 1000: 10-20 ms against 50-60 ms a subproblem).
+#: a bound (case 1035 at 0.03x 'scale': 355-913 against 110-235 free; make_circles at C = 1000 and 10x 'scale', whose
+#: first solution would not snap either: 4 against 198). Every mostly free subproblem of a degenerate column then goes
+#: to the interior point and the crossover: the proximal rounds between them freed the degenerate coordinates again
+#: (14.6 s at C = 1, 0.03x 'scale', against 1.2 s). The other columns keep :data:`SNAP_FAILURES`, where the rounds cost
+#: less than an interior point (make_circles at C = 1000: 10-20 ms against 50-60 ms a subproblem). At 0.5 rather than
+#: 2, case 1035 at C = 1 and 0.1x 'scale' (201 against 215) converges in 13 outer iterations instead of stopping
+#: 'stalled' at 1.3e-9 after 35; it costs 1.1-1.25x on two problems the rounds solve well (case 1035 at 0.3x 'scale',
+#: 341 against 345; make_moons at C = 1000, 135 against 154), both still faster than SVC.
 DEGENERATE_DISTANCE = 1e-7
 DEGENERATE_SHARE = 0.5
 #: A subproblem of mostly free coordinates first takes active-set steps at the smallest proximal weight from its
@@ -751,7 +757,7 @@ def _decompose(src: _KernelRows, columns, loss: Loss, Y, c_col, alpha, F, interc
     # solutions that would not snap
     gaps, quick_fails, quick_failed_at = [1.0] * T, [0] * T, [1.0] * T
     snap_fails = [0] * T
-    # whether its optimum is degenerate (:func:`_crossover`): its mostly free subproblems then all go to the interior point
+    # whether its optimum is degenerate (:func:`_crossover`): its mostly free subproblems then go to the interior point
     degenerate = [False] * T
     stall = GapStall(opts.tol, dtype, c_col)
     repeat, last_set = [False] * T, [None] * T
