@@ -47,7 +47,8 @@ Every outer iteration:
    interior point goes on to ``CROSSOVER_TOL`` and its iterate is snapped to the sets its distances to the bounds
    give (the *crossover*: weakly active coordinates stay about the square root of the complementarity inside their
    box, where the snap's prediction takes them for free); a column whose crossover finds its optimum degenerate
-   (more such coordinates than free ones) sends every mostly free subproblem to the interior point from then on.
+   (more such coordinates than half its free ones) sends every mostly free subproblem to the interior point from
+   then on.
    Otherwise, or when that fails, the subproblem is solved by the proximal active-set rounds of
    :mod:`joker_ext.active_set` (each round decreases the whole objective, since its proximal term is
    centred at the current point), from the interior point's solution where it converged but its sets would not
@@ -544,9 +545,10 @@ def _subproblem(col: _Column, K_BB, B, a, f, b: float, sigma: float, floor: floa
     ``near``: whether ``a_B`` starts near the subproblem's solution, the first subproblem after the SMO phase, where a
     set of mostly violators tries the quick steps too); returns the new ``a_B``, the subproblem's intercept, the next
     proximal weight, the floor, whether ``a_B`` is the subproblem's exact solution (a round at the smallest weight
-    whose sets held at once), whether a mostly free set's quick steps were tried and failed, and whether its
-    interior-point solution would not snap to its active sets. ``interior``: whether a mostly free set may go to the
-    interior point (:data:`SNAP_FAILURES`)."""
+    whose sets held at once), whether a mostly free set's quick steps were tried and failed, whether its
+    interior-point solution would not snap to its active sets, and whether the crossover then found the optimum
+    degenerate (:func:`_crossover`). ``interior``: whether a mostly free set may go to the interior point
+    (:data:`SNAP_FAILURES`, :data:`DEGENERATE_SHARE`)."""
     aB = a[B]
     fB = K_BB @ aB
     sub = _Column(K_BB, K_BB.diagonal().clone(), col.loss, col.y[B], col.c[B], col.intercept,
