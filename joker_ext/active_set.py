@@ -293,16 +293,11 @@ class _Column:
         off their bounds by about its complementarity (or its square root, where the optimum is degenerate)."""
         width = self.hi - self.lo
         reach = share * torch.where(torch.isfinite(width), width, self.c)
-        code = torch.full_like(a, FREE, dtype=torch.int8)
-        code = torch.where(a - self.lo <= reach, torch.full_like(code, LOWER), code)
-        code = torch.where(self.hi - a <= reach, torch.full_like(code, UPPER), code)
-        sgn = torch.sign(a) if self.kink else torch.ones_like(a)
-        if self.kink:
-            at_kink = (a.abs() <= reach) & self.kink_inside
-            code = torch.where(at_kink, torch.full_like(code, ZERO), code)
-            sgn = torch.where(at_kink, torch.zeros_like(sgn), sgn)
-        value = torch.where(code == LOWER, self.lo, torch.where(code == UPPER, self.hi, torch.zeros_like(a)))
-        return code, sgn, value
+        target = torch.where(self.hi - a <= reach, self.hi, torch.where(a - self.lo <= reach, self.lo, a))
+        if not self.kink:
+            return self._sets(target, torch.ones_like(a))
+        at_kink = (a.abs() <= reach) & self.kink_inside
+        return self._sets(target, torch.where(at_kink, torch.zeros_like(a), torch.sign(a)))
 
     def solve(self, code, sgn, value, s, abar, fresh: bool = False) -> Tuple[torch.Tensor, float]:
         """The point with the fixed coordinates at ``value`` and the free ones (and b) solving the KKT system

@@ -575,10 +575,9 @@ def _subproblem(col: _Column, K_BB, B, a, f, b: float, sigma: float, floor: floa
         solved = _interior_point(sub, K_BB, col.scale)
         if solved is not None:
             snap_failed, degenerate = solved[3], solved[4]
-        if solved is not None and solved[2]:
-            return solved[0], solved[1], sigma, floor, True, quick_failed, snap_failed, degenerate
-        if solved is not None:
-            # its active sets would not snap (degenerate coordinates): the rounds start from its solution
+            if solved[2]:
+                return solved[0], solved[1], sigma, floor, True, quick_failed, snap_failed, degenerate
+            # its active sets would not snap and it stopped short of CROSSOVER_TOL: the rounds start from its iterate
             aB, b = solved[0], solved[1]
             fB = K_BB @ aB
     sets, settled, exact = _first_sets(sub, aB, fB, b, sigma), 0, False
