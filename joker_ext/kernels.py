@@ -77,6 +77,16 @@ KERNEL_FAMILIES = ("gaussian", "laplacian", "laplacian_l1", "matern")
 #: is then at most about ``sqrt(eps (|a|^2 + |b|^2) / NEAR_PAIRS)``: 1e-11 for points of norm 2.
 NEAR_PAIRS = 1e6
 NEAR_PAIRS_CHUNK = 2**16
+#: The Gaussian's squared distances from the Gram form, ``|a|^2 + |b|^2 - 2 a.b`` of the centred scaled points, err by
+#: about ``eps (|a|^2 + |b|^2)``; for a pair close enough for its kernel value to count, ``|a|`` is about ``|b|``, so
+#: about ``2 eps max |b|^2``. Where that exceeds ``GRAM_FORM_TOL`` (points spread over more than about 1e6 bandwidths
+#: in float64, 90 in float32), the distances come from the points' differences instead (:func:`torch.cdist` without
+#: the product, off the matrix-multiply path). A kernel matrix of the Gram form there is not even positive
+#: semidefinite: points at 0, 0, 1e-17, 2.3e-255, 2.7e-7 and 757 with the median heuristic's bandwidth of 2.7e-7 put
+#: the scaled points 2.8e9 apart, the form's error at 1.7e3 in the exponent, and the squared loss's Newton system
+#: could not be factored. On the CPU only: the test reads a norm back to the host (a synchronisation per block on a
+#: GPU, whose inner loops keep the Gram form).
+GRAM_FORM_TOL = 1e-3
 MATERN_NUS = (0.5, 1.5, 2.5)
 
 ArrayLike = Union[torch.Tensor, np.ndarray, Sequence[float], float]
@@ -321,6 +331,19 @@ class SpectralKernel(Kernel):
                                 compute_dtype=compute_dtype)
 
 
+def _gram_form_inexact(norms: torch.Tensor) -> bool:
+    """Whether the Gram form's squared distances to centred scaled points of squared norms ``norms`` may err by more
+    than :data:`GRAM_FORM_TOL` (CPU tensors only; False on other devices)."""
+    if norms.device.type != "cpu" or norms.numel() == 0:
+        return False
+    return 2.0 * torch.finfo(norms.dtype).eps * float(norms.max()) > GRAM_FORM_TOL
+
+
+def _squared_differences(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    """``|a_i - b_j|^2`` from the differences (no Gram product): exact to rounding whatever the points' norms."""
+    return torch.cdist(A, B, compute_mode="donot_use_mm_for_euclid_dist").square_()
+
+
 @dataclass(eq=False)
 class StationaryKernel(SpectralKernel):
     """A stationary kernel of one of the families in :data:`KERNEL_FAMILIES`.
@@ -422,8 +445,11 @@ class StationaryKernel(SpectralKernel):
             return torch.cdist(self.scale_inputs(X1), self.scale_inputs(X2), p=1.0)
         root = self.family != "gaussian"
         A, B = self._centred(X1.double(), X2.double()) if root else self._centred(X1, X2)
+        norms_b = (B * B).sum(1)
+        if not root and _gram_form_inexact(norms_b):  # uncentred: the centring rounds at the points' spread
+            return _squared_differences(self.scale_inputs(X1), self.scale_inputs(X2))
         # in place on the product: one n1 x n2 allocation (large blocks are memory-bound)
-        norms_a, norms_b = (A * A).sum(1, keepdim=True), (B * B).sum(1)
+        norms_a = (A * A).sum(1, keepdim=True)
         sq = (A @ B.T).mul_(-2.0).add_(norms_a).add_(norms_b.unsqueeze(0))
         sq.clamp_(min=0.0)
         if not root:
@@ -445,7 +471,11 @@ class StationaryKernel(SpectralKernel):
         prepared once (repeating them for every block of 256 rows against 4,000 points cost 40% of the block's time
         at d = 25-98)."""
         B, mean = self._centre(X2)
-        half_norms = (B * B).sum(1).mul_(-0.5).unsqueeze(0)
+        norms = (B * B).sum(1)
+        if _gram_form_inexact(norms):  # uncentred: the centring rounds at the points' spread
+            scaled = self.scale_inputs(X2)
+            return lambda X1: _squared_differences(self.scale_inputs(X1), scaled).mul_(-0.5).exp_()
+        half_norms = norms.mul_(-0.5).unsqueeze(0)
 
         def block(X1: torch.Tensor) -> torch.Tensor:
             A = self.scale_inputs(X1) - mean

@@ -38,6 +38,27 @@ def test_gaussian_matches_sklearn_rbf(data):
     np.testing.assert_allclose(K, rbf_kernel(A, B, gamma=1 / (2 * sigma**2)), rtol=1e-12, atol=1e-14)
 
 
+def test_gaussian_of_points_spread_over_billions_of_bandwidths_is_exact_and_psd():
+    """Points at 0, 0, 2.7e-7, 1e-17, 2.3e-255 and 757 with the median heuristic's bandwidth (2.7e-7): the scaled
+    points lie 2.8e9 apart, where the Gram form's squared distances err by about 1.7e3; the kernel matrix must still
+    be the Gaussian of the points' differences (numpy's, from ``x_i - x_j`` directly) and positive semidefinite, and
+    the squared loss's fit on it must converge (it raised: its Newton system could not be factored)."""
+    from joker_ext import JokerRegressor
+
+    x = np.array([0.0, 0.0, 757.0, 2.7153465941274725e-07, 1.0000000000000001e-17, 2.3186018373145222e-255])
+    X = x.reshape(-1, 1)
+    sigma = median_heuristic(X)
+    ref = np.exp(-0.5 * ((x[:, None] - x[None, :]) / sigma) ** 2)
+    for K in (GaussianKernel(sigma)(T(X), T(X)), GaussianKernel(sigma).against(T(X))(T(X)),
+              torch.exp(-0.5 * GaussianKernel(sigma).scaled_distance(T(X), T(X)))):
+        np.testing.assert_allclose(K.numpy(), ref, rtol=1e-14, atol=1e-300)
+    assert np.linalg.eigvalsh(ref).min() >= -1e-12
+    y = np.array([0.1257302210933933, -0.1321048632913019, 0.6404226504432821, 0.10490011715303971,
+                  -0.535669373161111, 0.36159505490948474])
+    est = JokerRegressor().fit(X, y)
+    assert est.status_ == "converged" and np.isfinite(est.predict(X)).all()
+
+
 def test_gaussian_ard_and_outputscale(data):
     A, B = data
     sig = np.array([0.5, 1.0, 2.0, 3.0])
