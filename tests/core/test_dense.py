@@ -7,7 +7,7 @@ import torch
 import numpy as np
 
 import joker_ext.dense as dense
-from joker_ext.dense import RefinedCholesky, cholesky_ex, cholesky_solve, rows_product
+from joker_ext.dense import RefinedCholesky, cholesky_ex, cholesky_pcg, cholesky_solve, rows_product
 
 
 @pytest.fixture(autouse=True)
@@ -224,6 +224,54 @@ def test_refined_cholesky_reports_a_factor_too_inexact_to_refine():
     assert refined.residual > 1.0  # |R - H (0.3 H)^{-1} R| = (1 / 0.3 - 1) |R|
     reference = torch.linalg.solve(0.3 * H, R)  # the unrefined float32 solve, kept
     torch.testing.assert_close(X, reference, rtol=0, atol=1e-3 * float(reference.abs().max()))
+
+
+@pytest.mark.parametrize("cond", [1e2, 1e5])
+def test_cholesky_pcg_reaches_float64_accuracy_from_a_float32_factor_in_a_few_iterations(cond):
+    """Conjugate gradients on a float64 system preconditioned by its own float32 factor: float64's accuracy (numpy's
+    float64 solve as the reference) in at most 6 iterations where ``cond eps_32 < 1``, each column of the
+    right-hand side on its own, a zero column staying zero."""
+    H = _conditioned(200, cond, seed=1)
+    R = torch.randn(200, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    R[:, 2] = 0.0
+    L, info = cholesky_ex(H.to(torch.float32))
+    assert int(info) == 0
+    products = []
+
+    def product(X):
+        products.append(1)
+        return H @ X
+
+    X, residual = cholesky_pcg(L, product, R, tol=1e-15, max_iter=20)
+    reference = np.linalg.solve(H.numpy(), R.numpy())
+    assert X.dtype == torch.float64 and len(products) <= 6 and residual <= 1e-15
+    np.testing.assert_allclose(X.numpy(), reference, rtol=0, atol=1e-13 * cond * np.abs(reference).max())
+    assert not X[:, 2].any()
+    true_residual = (R[:, :2] - H @ X[:, :2]).norm(dim=0) / R[:, :2].norm(dim=0)
+    assert float(true_residual.max()) <= 1e-14 * cond
+
+
+def test_cholesky_pcg_converges_through_the_factor_of_a_nearby_matrix_where_refinement_diverges():
+    """The preconditioner is the float32 factor of another matrix: ``0.3 H`` (where refinement multiplies the error by
+    ``1 - 1 / 0.3`` and stops at once: :func:`test_refined_cholesky_reports_a_factor_too_inexact_to_refine`) and
+    ``H`` with its rows and columns scaled by up to 10 % (a Newton system at the previous iterate's weights). Both
+    reach float64's accuracy; capped below what they need, the residual reported says how far they got."""
+    H = _conditioned(200, 1e3, seed=3)
+    R = torch.randn(200, 1, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    reference = np.linalg.solve(H.numpy(), R.numpy())
+    scale = 1.0 + 0.1 * torch.rand(200, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    for near in (0.3 * H, scale[:, None] * H * scale[None, :]):
+        L, info = cholesky_ex(near.to(torch.float32))
+        assert int(info) == 0
+        X, residual = cholesky_pcg(L, lambda X: H @ X, R, tol=1e-15, max_iter=60)
+        assert residual <= 1e-15
+        np.testing.assert_allclose(X.numpy(), reference, rtol=0, atol=1e-11 * np.abs(reference).max())
+        refined = RefinedCholesky(L, lambda R, X: R - H @ X, refinements=6, refined=0.0)
+        refined.solve(R)
+        _, early = cholesky_pcg(L, lambda X: H @ X, R, tol=1e-15, max_iter=1)
+        true_early = float((R - H @ _).norm() / R.norm())
+        assert early == pytest.approx(true_early, rel=1e-6) and early > 1e-10
+    assert refined.residual > 1e-10  # (the scaled matrix's factor: refinement stalls above float64's accuracy)
 
 
 def test_rows_product_is_the_chosen_rows_transposed_times_v(monkeypatch):

@@ -49,8 +49,9 @@ def test_exact_newton_reaches_the_cvxpy_optimum(name):
 @pytest.mark.parametrize("C", [1.0, 30.0])
 def test_logistic_primal_steps_from_the_coarse_start_reach_the_cvxpy_optimum(monkeypatch, intercept, C):
     """The primal Newton steps of the logistic loss start from the solution on a quarter of the rows (its own start
-    from a sixteenth): the same optimum as cvxpy's, in fewer iterations than from ``w = 0`` (which the test also
-    runs, with the coarse start switched off)."""
+    from a sixteenth): the same optimum as cvxpy's, in no more iterations than from ``w = 0`` (which the test also
+    runs, with the coarse start switched off; with Armijo's halvings the coarse start saved iterations here, with
+    the exact line search both take the same number)."""
     pytest.importorskip("cvxpy")
     import joker_ext.newton_exact as ne
 
@@ -68,7 +69,7 @@ def test_logistic_primal_steps_from_the_coarse_start_reach_the_cvxpy_optimum(mon
                               options=SolverOptions(max_iter=100, tol=1e-13), solver="newton", intercept=intercept)
         assert fits[rows].result.status == "converged" and fits[rows].result.rel_gap <= 1e-13
     assert coarse == [400, 100]
-    assert fits[100].result.n_iter < fits[10**9].result.n_iter
+    assert fits[100].result.n_iter <= fits[10**9].result.n_iter
     K = kernel(torch.as_tensor(X), torch.as_tensor(X)).numpy()
     ref = cvxpy_primal("logistic", K, y, c.numpy(), intercept=intercept)
     assert fits[100].result.primal == pytest.approx(ref, rel=1e-6)
@@ -118,20 +119,26 @@ def test_feature_newton_logistic_matches_scikit_learn_logistic_regression():
     np.testing.assert_allclose(m.beta[:, 0].numpy(), sk.coef_[0], rtol=1e-4, atol=1e-6)  # lbfgs stops near 1e-7
 
 
-@pytest.mark.parametrize("mixed", [False, True], ids=["float64_system", "float32_system_refined"])
+@pytest.mark.parametrize("mixed", ["float64", "float32", "stale"],
+                         ids=["float64_system", "float32_system_refined", "stale_float32_factor"])
 def test_exact_newton_logistic_is_scikit_learn_logistic_regression_in_a_few_primal_newton_steps(mixed, monkeypatch):
     """Exact kernel, logistic loss ('auto' takes the exact Newton engine, which steps on the primal for it): the
     model of scikit-learn's LogisticRegression on features ``L`` with ``L L^T = K``, in 6-8 iterations (C = 1 to
-    100). Projected Newton on the dual took 19-20 from ``a = 0`` and 12-13 from the middle of the box. Both ways of
-    solving the Newton system: a float64 factor, and a float32 factor refined in float64 (forced here at n = 1000;
-    the solves must have gone that way)."""
+    100). Projected Newton on the dual took 19-20 from ``a = 0`` and 12-13 from the middle of the box. Every way of
+    solving the Newton system: a float64 factor, conjugate gradients in float64 through a float32 factor (forced here
+    at n = 1000; the solves must have gone that way), and through the previous step's float32 factor once the steps
+    are short (forced at n = 1000: fewer factorisations than solves)."""
     from sklearn.linear_model import LogisticRegression
 
     from joker_ext import newton_exact
 
-    monkeypatch.setattr(newton_exact, "MIXED_PRECISION_MIN", 1 if mixed else 10**9)
-    mixed_solves = []
-    monkeypatch.setattr(newton_exact, "RefinedCholesky", spy(newton_exact.RefinedCholesky, mixed_solves))
+    monkeypatch.setattr(newton_exact, "MIXED_PRECISION_MIN", 10**9 if mixed == "float64" else 1)
+    monkeypatch.setattr(newton_exact, "STALE_MIN_ROWS", 1 if mixed == "stale" else 10**9)
+    monkeypatch.setattr(newton_exact, "STALE_ROWS", 50)  # (up to 20 iterations through the last factor)
+    mixed_solves, factors = [], []
+    pcg, cholesky = newton_exact.cholesky_pcg, newton_exact.cholesky_ex
+    monkeypatch.setattr(newton_exact, "cholesky_pcg", lambda *a, **k: mixed_solves.append(a[0]) or pcg(*a, **k))
+    monkeypatch.setattr(newton_exact, "cholesky_ex", lambda *a, **k: factors.append(1) or cholesky(*a, **k))
 
     from sklearn.datasets import make_classification
 
@@ -143,13 +150,46 @@ def test_exact_newton_logistic_is_scikit_learn_logistic_regression_in_a_few_prim
                  solver="auto")
     assert m.extra["solver"] == "newton" and m.result.status == "converged" and m.result.n_iter <= 10
     # (one solve per iteration, and one more for the step that settles the iterate once the gap is met)
-    assert (m.result.n_iter <= len(mixed_solves) <= m.result.n_iter + 1) if mixed else not mixed_solves
+    if mixed == "float64":
+        assert not mixed_solves
+    elif mixed == "float32":
+        assert m.result.n_iter <= len(mixed_solves) <= m.result.n_iter + 1
+    else:  # solves through the last factor, which did not need a new one
+        assert len(factors) < m.result.n_iter and len({id(L) for L in mixed_solves}) == len(factors)
     K = kernel(torch.as_tensor(X), torch.as_tensor(X))
     L = torch.linalg.cholesky(K + 1e-10 * torch.eye(len(y), dtype=F64)).numpy()
     sk = LogisticRegression(C=C, fit_intercept=False, tol=1e-12, max_iter=10000).fit(L, y)
     f_sklearn = L @ sk.coef_[0]
     f = (K @ m.alpha).numpy()[:, 0]
     np.testing.assert_allclose(f, f_sklearn, atol=1e-4 * np.abs(f_sklearn).max())
+
+
+@pytest.mark.parametrize("shift", [0.05, 0.7, 2.5, 9.0])
+def test_primal_newton_line_search_finds_the_minimum_along_the_direction(shift):
+    """The exact line search of the primal Newton steps on ``phi(t) = 1/2 q t^2 + sum_i log(1 + exp(m_i (s - t)))``
+    (a quadratic plus softplus terms, as the logistic primal along a descent direction): its step is scipy's bounded
+    minimiser, short of the full step or beyond it, and the longest step allowed where the minimum lies further."""
+    from scipy.optimize import minimize_scalar
+
+    import joker_ext.newton_exact as ne
+
+    m, q = np.linspace(0.5, 3.0, 7), 0.1
+
+    def phi(t):
+        return 0.5 * q * t * t + np.logaddexp(0.0, m * (shift - t)).sum()
+
+    def derivatives(t):
+        p = 1.0 / (1.0 + np.exp(-m * (shift - t)))
+        return q * t - float((m * p).sum()), q + float((m * m * p * (1.0 - p)).sum())
+
+    slope = derivatives(0.0)[0]
+    t = ne._line_minimum(derivatives, slope)
+    best = minimize_scalar(phi, bounds=(0.0, ne.LINE_MAX), method="bounded", options={"xatol": 1e-12}).x
+    if best < ne.LINE_MAX - 1e-6:
+        assert abs(derivatives(t)[0]) <= ne.LINE_TOL * -slope
+        assert t == pytest.approx(best, rel=1e-2, abs=1e-4)
+    else:
+        assert t == ne.LINE_MAX
 
 
 @pytest.mark.parametrize("C", [10.0, 1e4])
