@@ -98,9 +98,10 @@ LINE_TOL = 1e-3
 #: Relative size of a primal Newton step's predicted decrease (and of the rise of P it may cause) below which it is
 #: rounding: the full step is taken.
 NOISE = 1e-10
-#: Conjugate-gradient iterations per solve through a float32 factor of the system (:func:`~joker_ext.dense.cholesky_pcg`;
-#: 3 reach ``CG_TOL`` on the logistic systems measured), the residual (relative to the right-hand side) they aim at,
-#: and the residual below which the solve is taken (else a float64 factor solves it).
+#: Conjugate-gradient iterations per solve through a float32 factor of the system
+#: (:func:`~joker_ext.dense.cholesky_pcg`; 3 reach ``CG_TOL`` on the logistic systems measured), the residual
+#: (relative to the right-hand side) they aim at, and the residual below which the solve is taken (else a float64
+#: factor solves it).
 CG_ITERATIONS = 6
 CG_TOL = 1e-15
 REFINED = 1e-12

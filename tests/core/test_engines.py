@@ -15,7 +15,7 @@ from joker_ext.operators import ExactOperator, FeatureOperator
 from joker_ext.primal_newton import feature_newton
 from joker_ext.solver import SolverOptions
 
-from conftest import PARAMS, cvxpy_primal, make_binary, make_regression, spy
+from conftest import PARAMS, cvxpy_primal, make_binary, make_regression
 
 F64 = torch.float64
 SMOOTH = ["squared", "huber", "squared_hinge", "logistic"]
