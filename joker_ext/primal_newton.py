@@ -77,9 +77,16 @@ elsewhere) is far from the mean ``wbar`` it assumes, the Hessian is formed inste
 above (``R^{-T} G^T W G R^{-1}``): JokerFalkon, n = 3000, M = 500, penalty 1e-6 / 1e-8, to a gap of 1e-6,
 180-400 Newton iterations / more than 1,000 (7-14 s / over 30 s) -> 55-130 / 98-176 (1.4-4.3 s); n = 20,000,
 M = 2000, hinge at penalty 1e-6: a gap of 0.5 after 190 s (50 products per Newton step) -> converged in 54 s.
-For the other losses, under the same conditions, the Hessian is formed once a Newton step's conjugate gradients
-needed more than :data:`~joker_ext.defaults.FORM_HESSIAN_AFTER_PRODUCTS` products (logistic at small penalties,
-whose curvature spans 1e-10 to 1/4 by row).
+For the other losses the Hessian is formed, where the features are kept and ``M <=``
+:data:`~joker_ext.defaults.EXACT_HESSIAN_MAX_FEATURES` or else (from a pass) ``M <=``
+:data:`~joker_ext.defaults.KINKED_HESSIAN_MAX_FEATURES` without a ``newton_rank``, once a Newton step's conjugate
+gradients needed more than :data:`~joker_ext.defaults.FORM_HESSIAN_AFTER_PRODUCTS` products, or once the Newton steps
+crawl (whole steps that leave the relative gap above :data:`CRAWL_RATIO` times the last one: one below
+:data:`CRAWL_FROM`, :data:`CRAWL_STEPS` in a row above it): logistic at small penalties or large C, whose curvature
+spans 1e-10 to 1/4 by row. Stopped at a relative residual ``eta``, the conjugate gradients shrink the residual in the
+directions of large curvature, while the gap lies in those of small curvature: random features, logistic,
+n = 30,000, M = 2000, C = 100, 93 Newton iterations of 4-10 products each (336 s) with the sketch alone, 11
+iterations (22.7 s) with the Hessian formed after the crawl at the seventh.
 
 Cost per pass ``O(n M d)`` (the features) plus ``4 n M`` (two products); the sketch ``O(n_s M (d + r))``
 plus ``O(M r^2)``. Memory: ``M r`` for ``U`` (two ``M x r`` buffers while sketching, when the passes'
@@ -171,6 +178,13 @@ INTERCEPT_BISECTIONS = 200
 #: Records at the rounding floor without the best gap halving before the fit stops as converged
 #: (:class:`_BestCertificate`).
 FLOOR_PATIENCE = 3
+#: The feature Newton steps crawl after a whole step that left the relative gap above ``CRAWL_RATIO`` times the last
+#: one, below ``CRAWL_FROM``, or after ``CRAWL_STEPS`` such steps in a row above it (where a damped Newton method's
+#: first steps may leave the gap near 1: 3 in a row at C = 1, n = 30,000, M = 2000): the Hessian is formed from then
+#: on, where it can be.
+CRAWL_FROM = 0.1
+CRAWL_RATIO = 0.5
+CRAWL_STEPS = 5
 
 
 def default_rank(n_features: int, device=None) -> int:
@@ -1683,6 +1697,13 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
     # per Newton step, a gap of 0.5 after 190 s). The Hessian of the band's rows is formed instead, features kept
     # or not (a memory budget plans a rank, and keeps the sketch)
     exact = exact or (smoothing.active and opts.newton_rank is None and M <= KINKED_HESSIAN_MAX_FEATURES)
+    # where the conjugate gradients crawl on the sketch or on Falkon's preconditioner (logistic at large C or small
+    # penalties: curvature from 1e-10 to 1/4 by row), the Hessian is formed from then on: features kept and at most
+    # EXACT_HESSIAN_MAX_FEATURES of them, or else from a pass up to KINKED_HESSIAN_MAX_FEATURES (random features,
+    # logistic, n = 30,000, M = 2000, C = 100: 93 Newton iterations of 50 products, 360 s, with the sketch alone)
+    switchable = formable or (opts.newton_rank is None and M <= KINKED_HESSIAN_MAX_FEATURES)
+    crawl_check = not quadratic and not smoothing.active
+    last_whole, last_rel, crawls = False, math.inf, 0
     # the finishing step of the continuation (one process: its free rows would be spread over the processes)
     finishes = exact and smoothing.active and bool(getattr(loss, "quadratic", False)) and not shards.distributed
     n_s = min(n_all, opts.newton_sketch_rows or default_sketch_rows(n_all, rank))
@@ -1830,9 +1851,15 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
                         D[:, flat], Z[:, flat] = 0.0, 0.0
                 else:
                     D, Z = _pcg(passes, g["grad"], g["W"], precond, eta, opts.max_cg, still_open)
-                if formable and not exact and passes.passes - products > FORM_HESSIAN_AFTER_PRODUCTS:
-                    # Falkon's preconditioner assumes a uniform curvature; where the conjugate gradients crawl on it
-                    # (logistic at small penalties: W from 1e-10 to 1/4), the Hessian is formed from now on
+                # Newton steps that crawl: whole steps after which the gap did not fall by CRAWL_RATIO, one below
+                # CRAWL_FROM or CRAWL_STEPS in a row above it; the conjugate gradients stopped at their relative
+                # residual, which the directions of large curvature shrink while the gap lies in those of small one
+                rel_now = float(rel.max())
+                crawls = crawls + 1 if crawl_check and last_whole and rel_now > CRAWL_RATIO * last_rel else 0
+                crawled = crawls >= (1 if rel_now < CRAWL_FROM else CRAWL_STEPS)
+                if switchable and not exact and (passes.passes - products > FORM_HESSIAN_AFTER_PRODUCTS or crawled):
+                    # Falkon's preconditioner assumes a uniform curvature, the sketch sees only its sampled rows'; where
+                    # the Newton steps crawl on them, the Hessian is formed from now on
                     exact, precond = True, None
                 # (with an intercept the predictions along the step hold b + t db)
                 F_line, Z_line, slope_b = (g["F"] + b, Z + db, float((g["grad_b"] * db).sum())) if intercept \
@@ -1842,6 +1869,7 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
                 F_line = Z_line = None
                 # the next record's iterate is the last one reported when the step was whole and CG ended there
                 reported = inner is not None and inner.last == inner.total and t == 1.0
+                last_whole, last_rel = t == 1.0, rel_now
                 it += 1
                 if t is None:
                     if exact and passes.basis.kind == "nystrom" and not passes.accurate_hessian:

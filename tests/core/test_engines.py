@@ -291,6 +291,45 @@ def test_feature_newton_feature_cache_gives_the_recomputed_fit_to_the_bit(loss):
     assert fits[0].history[-1]["passes"] == fits[1].history[-1]["passes"] > 5
 
 
+def test_feature_newton_forms_the_hessian_when_its_steps_crawl(monkeypatch):
+    """Logistic loss, random features not kept, a sketch on 60 of 1500 rows and three conjugate-gradient products per
+    Newton step: the truncated steps are whole, yet the relative gap stays near 1 (they shrink the residual in the
+    directions of large curvature). After CRAWL_STEPS such steps the Hessian is formed (from a pass), and the fit
+    ends at scikit-learn's LogisticRegression on the same features; with that rule switched off (and too few
+    products per step for the other one) the gap is still 1 after 40 iterations."""
+    from sklearn.linear_model import LogisticRegression
+
+    import joker_ext.primal_newton as pn
+    from joker_ext.features import RandomFeatureMap
+
+    X, y = make_binary(n=1500, d=4, seed=3)
+    C = 300.0
+    fmap = RandomFeatureMap(GaussianKernel(1.0), 200, seed=2)
+    Xt = torch.as_tensor(X)
+    formed = []
+    exact_hessian = pn._Passes.exact_hessian
+    monkeypatch.setattr(pn._Passes, "exact_hessian", lambda self, *a, **k: formed.append(1) or exact_hessian(self, *a,
+                                                                                                             **k))
+    fits, rule = {}, pn.CRAWL_RATIO
+    for ratio in (rule, math.inf):
+        monkeypatch.setattr(pn, "CRAWL_RATIO", ratio)
+        formed.clear()
+        op = FeatureOperator(fmap, BlockData(Xt, F64, torch.device("cpu")), chunk_rows=256)
+        fits[ratio] = (feature_newton(op, torch.as_tensor(y).reshape(-1, 1), get_loss("logistic"),
+                                      torch.full((1500,), C, dtype=F64),
+                                      SolverOptions(max_iter=40, tol=1e-12, max_cg=3, newton_sketch_rows=60,
+                                                    newton_cache=False)), len(formed))
+    crawl, formed_crawl = fits[rule]
+    plain, formed_plain = fits[math.inf]
+    assert crawl.status == "converged" and formed_crawl > 0, (crawl.status, crawl.n_iter, crawl.rel_gap)
+    assert formed_plain == 0 and plain.status == "max_iter" and plain.rel_gap > 0.5
+    Phi = fmap(Xt).numpy()
+    sk = LogisticRegression(C=C, fit_intercept=False, tol=1e-12, max_iter=100000).fit(Phi, (y > 0).astype(int))
+    f = Phi @ crawl.state["beta"][:, 0].numpy()
+    f_sklearn = Phi @ sk.coef_[0]
+    np.testing.assert_allclose(f, f_sklearn, atol=1e-4 * np.abs(f_sklearn).max())
+
+
 @pytest.mark.parametrize("loss", ["hinge", "absolute"])
 def test_feature_newton_exact_hessian_takes_one_cg_step_per_newton_step_to_cvxpys_optimum(loss, monkeypatch):
     """Kept features and a rank covering all M features, or no rank given and M <= EXACT_HESSIAN_MAX_FEATURES (here
