@@ -1068,19 +1068,20 @@ def _pcg(passes: _Passes, grad, W, precond, eta, max_cg: int, still_open=None):
     return D, Z
 
 
-def _bordered_step(passes: _Passes, g: dict, precond, eta: float, max_cg: int):
+def _bordered_step(passes: _Passes, g: dict, precond, eta: float, max_cg: int, floor: float):
     """The Newton step ``(D, Phi D, db)`` on ``(beta, b)`` from :meth:`_Passes.gradient`'s result ``g`` (with an
     intercept): ``[[H, v], [v^T, sum w]] [D; db] = -[grad; dP/db]`` by its Schur complement,
     ``D = X_1 - X_2 db``, ``db = (-dP/db - v^T X_1) / (sum w - v^T X_2)``, with ``X_1 = -H^{-1} grad`` and
     ``X_2 = H^{-1} v`` from one conjugate-gradient run on both (each column keeps its preconditioner), ``X_1`` to
-    the relative residual ``eta`` and ``X_2`` to ``eta^2``."""
+    the relative residual ``eta`` and ``X_2`` to ``eta^2``, but not below ``floor`` (the tightest the run resolves)
+    unless ``eta`` is."""
     T = g["grad"].shape[1]
     # the Schur complement sum w - v^T H^{-1} v is a difference of nearly equal terms (the features nearly hold the
     # constant), so the column of v is solved to eta^2: at eta its error swung db from step to step (random
     # features, logistic, n = 30,000, M = 2000, C = 100, the sketch alone: 93 Newton iterations, 336 s -> 11, 47 s)
     dtype, device = g["grad"].dtype, g["grad"].device
     etas = torch.cat([torch.full((T,), eta, dtype=dtype, device=device),
-                      torch.full((T,), eta * eta, dtype=dtype, device=device)])
+                      torch.full((T,), min(eta, max(eta * eta, floor)), dtype=dtype, device=device)])
     X, Z = _pcg(passes, torch.cat([g["grad"], -g["v"]], 1), torch.cat([g["W"], g["W"]], 1), precond + precond,
                 etas, max_cg)
     v = g["v"]
@@ -1847,7 +1848,7 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
                     eta, still_open = min(0.1, max(cg_floor, math.sqrt(max(float(rel.max()), 0.0)))), None
                 products = passes.passes
                 if intercept:
-                    D, Z, db, flat = _bordered_step(passes, g, precond, eta, opts.max_cg)
+                    D, Z, db, flat = _bordered_step(passes, g, precond, eta, opts.max_cg, cg_floor)
                     if bool(flat.any()):
                         # no row has curvature (Huber with every residual beyond its threshold: an intercept far
                         # from 0): the Newton step cannot move b; b alone goes to its minimiser at this beta
