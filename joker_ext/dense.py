@@ -357,7 +357,9 @@ def cholesky_pcg(L: torch.Tensor, product, V: torch.Tensor, *, tol: float, max_i
     of a matrix near ``H``: ``H`` itself rounded to float32, or ``H`` at an earlier Newton iterate.
 
     Each column of ``V`` runs its own conjugate gradients, all in lockstep; one iteration costs one ``product`` and
-    two triangular solves through ``L``. The preconditioner's float32 rounding makes it slightly inexact, so the
+    two triangular solves through ``L``. On the CPU the run stops once every column has reached ``tol``; elsewhere it
+    runs ``max_iter`` iterations, a finished column's steps being zero, so that it never waits for the device before
+    the residual it returns. The preconditioner's float32 rounding makes it slightly inexact, so the
     directions are conjugated by the flexible (Polak-Ribiere) rule
     ``beta = z_new^T (r_new - r_old) / z_old^T r_old``, which tolerates that; the residual is updated in ``V``'s
     precision from the exact products, so it tracks ``V - H X`` to that precision's rounding. Against refinement
@@ -394,9 +396,10 @@ def cholesky_pcg(L: torch.Tensor, product, V: torch.Tensor, *, tol: float, max_i
     P = Z.clone()
     rz = (R * Z).sum(0)
     residual = R.norm(dim=0)
+    on_host = V.device.type == "cpu"
     for _ in range(max(1, max_iter)):
         active = residual > target
-        if not bool(active.any()):
+        if on_host and not bool(active.any()):  # (on a GPU the finished columns' steps are zero: no wait)
             break
         HP = product(P)
         curvature = (P * HP).sum(0)

@@ -51,7 +51,8 @@ def test_exact_engines_on_cuda_match_the_cpu(loss):
 @pytest.mark.parametrize("loss", ["hinge", "epsilon_insensitive", "logistic"])
 def test_exact_engines_with_intercept_on_cuda_match_the_cpu(loss):
     """Hinge, epsilon-insensitive: the active-set method's equality row; logistic: the intercept inside the Newton
-    steps, whose systems (n >= dense.MIXED_PRECISION_MIN) are factored in float32 and refined in float64."""
+    steps, whose systems (n >= dense.MIXED_PRECISION_MIN) are factored in float32 and solved by conjugate gradients
+    in float64 through that factor."""
     X, (cpu, gpu) = _pair(loss, 1500, 4, fit_intercept=True)
     _check(X, cpu, gpu)
     assert np.abs(np.asarray(gpu.intercept_) - cpu.intercept_).max() <= 1e-6
@@ -118,3 +119,23 @@ def test_one_vs_one_on_cuda_is_the_cpus_model():
     gpu = JokerClassifier(**params, multi_class="ovo", device="cuda").fit(X, y)
     np.testing.assert_allclose(gpu.decision_function(X), cpu.decision_function(X), atol=1e-7)
     assert JokerClassifier(**params, device="cuda").fit(X, y).dual_coef_.shape[1] == 4
+
+
+def test_cholesky_pcg_on_cuda_reaches_float64_accuracy_without_waiting():
+    """:func:`joker_ext.dense.cholesky_pcg` on CUDA tensors (where it runs all ``max_iter`` iterations, a finished
+    column's steps zero): float64's accuracy from a float32 factor, as numpy's float64 solve, a zero column zero."""
+    from joker_ext.dense import cholesky_ex, cholesky_pcg
+
+    g = torch.Generator().manual_seed(1)
+    Q, _ = torch.linalg.qr(torch.randn(300, 300, generator=g, dtype=torch.float64))
+    H = (Q * torch.logspace(0, 4, 300, dtype=torch.float64)) @ Q.T
+    R = torch.randn(300, 3, generator=g, dtype=torch.float64)
+    R[:, 2] = 0.0
+    Hc, Rc = H.cuda(), R.cuda()
+    L, info = cholesky_ex(Hc.to(torch.float32))
+    assert int(info) == 0
+    X, residual = cholesky_pcg(L, lambda X: Hc @ X, Rc, tol=1e-15, max_iter=12)
+    reference = np.linalg.solve(H.numpy(), R.numpy())
+    assert X.device.type == "cuda" and residual <= 1e-14
+    np.testing.assert_allclose(X.cpu().numpy(), reference, rtol=0, atol=1e-9 * np.abs(reference).max())
+    assert not X[:, 2].any()
