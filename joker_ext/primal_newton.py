@@ -78,7 +78,7 @@ above (``R^{-T} G^T W G R^{-1}``): JokerFalkon, n = 3000, M = 500, penalty 1e-6 
 180-400 Newton iterations / more than 1,000 (7-14 s / over 30 s) -> 55-130 / 98-176 (1.4-4.3 s); n = 20,000,
 M = 2000, hinge at penalty 1e-6: a gap of 0.5 after 190 s (50 products per Newton step) -> converged in 54 s.
 For the other losses the Hessian is formed, where the features are kept and ``M <=``
-:data:`~joker_ext.defaults.EXACT_HESSIAN_MAX_FEATURES` or else (from a pass) ``M <=``
+:data:`~joker_ext.defaults.EXACT_HESSIAN_MAX_FEATURES` or else (from a pass; losses that are not quadratic) ``M <=``
 :data:`~joker_ext.defaults.KINKED_HESSIAN_MAX_FEATURES` without a ``newton_rank``, once a Newton step's conjugate
 gradients needed more than :data:`~joker_ext.defaults.FORM_HESSIAN_AFTER_PRODUCTS` products, or once the Newton steps
 crawl (whole steps that leave the relative gap above :data:`CRAWL_RATIO` times the last one: one below
@@ -1705,9 +1705,10 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
     exact = exact or (smoothing.active and opts.newton_rank is None and M <= KINKED_HESSIAN_MAX_FEATURES)
     # where the Newton steps crawl on the sketch or on Falkon's preconditioner (logistic at large C or small
     # penalties: curvature from 1e-10 to 1/4 by row), the Hessian is formed from then on: features kept and at most
-    # EXACT_HESSIAN_MAX_FEATURES of them, or else from a pass up to KINKED_HESSIAN_MAX_FEATURES
-    switchable = formable or (opts.newton_rank is None and M <= KINKED_HESSIAN_MAX_FEATURES)
+    # EXACT_HESSIAN_MAX_FEATURES of them, or else, for losses that are not quadratic, from a pass up to
+    # KINKED_HESSIAN_MAX_FEATURES (the squared loss's first step is its whole solve)
     crawl_check = not quadratic and not smoothing.active
+    switchable = formable or (crawl_check and opts.newton_rank is None and M <= KINKED_HESSIAN_MAX_FEATURES)
     last_whole, last_rel, crawls = False, math.inf, 0
     # the finishing step of the continuation (one process: its free rows would be spread over the processes)
     finishes = exact and smoothing.active and bool(getattr(loss, "quadratic", False)) and not shards.distributed
