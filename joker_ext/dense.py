@@ -351,7 +351,6 @@ class RefinedCholesky:
         return cholesky_solve(R.to(torch.float32), self.L).to(R.dtype)
 
 
-
 def cholesky_pcg(L: torch.Tensor, product, V: torch.Tensor, *, tol: float, max_iter: int) -> Tuple[torch.Tensor, float]:
     r"""``H^{-1} V`` in ``V``'s precision by conjugate gradients on ``H``, preconditioned by the Cholesky factor ``L``
     of a matrix near ``H``: ``H`` itself rounded to float32, or ``H`` at an earlier Newton iterate.

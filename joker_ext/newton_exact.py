@@ -283,10 +283,11 @@ class _Column:
             pred = fw + step * fd + (b0 + step * db)
             return 0.5 * (wf + 2 * step * df + step * step * dd) + float((self.c * self.loss.value(self.y, pred)).sum())
 
+        move = fd + db  # the predictions' change along the step
+
         def derivatives(step: float) -> Tuple[float, float]:
             pred = fw + step * fd + (b0 + step * db)
             a_t, W_t = self.loss.smoothed_dual(pred, self.y, self.c)
-            move = fd + db
             return df + step * dd - float(a_t @ move), dd + float(W_t @ (move * move))
 
         p0, step = value(0.0), 1.0
