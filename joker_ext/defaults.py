@@ -18,6 +18,7 @@ __all__ = ["PRECISION_TOL", "ROUNDING_GAP", "WORKING_SET_DTYPE", "FILL_ELEMENTS"
            "PRACTICAL_TOL", "CONVERGENCE_WARN_GAP", "FLOAT32_INTERCEPT_MAX_COST", "CONVERT_SPLIT", "STREAM_BYTES",
            "FEATURE_CACHE_BYTES",
            "EXACT_HESSIAN_MAX_FEATURES", "KINKED_HESSIAN_MAX_FEATURES", "FORM_HESSIAN_AFTER_PRODUCTS",
+           "REFRESH_DROP", "QUADRATIC_CG_RUNS",
            "CHUNK_ROWS", "GPU_NEWTON_WORKSPACE",
            "BLOCK_SIZE", "LARGE_N_BLOCK_SIZE", "LARGE_N", "LOGISTIC_BLOCK_SIZE", "MIN_BLOCK_ITERATIONS", "BLOCK_EPOCHS",
            "GRAM_MAX", "DIRECT_MAX", "SINGULAR_DIRECT_MAX", "CAUCHY_FACTORS", "SEARCH_FACTORS",
@@ -81,6 +82,23 @@ FEATURE_CACHE_BYTES = 256 * 2**20
 #: Huber 3.13 -> 2.63 s, squared 1.16 -> 0.81 s, logistic 3.05 -> 3.53 s; n = 15,000 hinge 31.6 -> 19.6 s. At
 #: M = 2048 (n = 15,000) the sketch was faster: hinge 47.3 against 68.7 s, logistic 4.9 against 8.9 s.
 EXACT_HESSIAN_MAX_FEATURES = 1024
+
+#: The feature Newton engine's conjugate gradients on a quadratic loss (float32 Hessian products) replace their
+#: recurrence's residual by one from a pass in the solver dtype once it has fallen below this fraction of the last
+#: fresh one (:func:`joker_ext.primal_newton._pcg`). Unrefreshed, its error (float32's rounding times the first
+#: residual's norm) held the gap test at 1.4e-6 where the true gap was 3.8e-7 (158 products in one run), or let the
+#: recurrence reach its target at a true gap of 2e-5. JokerFalkon, synthetic regression, random features, 2 CPU
+#: threads, n = 100,000, M = 5000: penalty 1e-7 137 products (restarts every 50) -> 126, 75.3 -> 67.0 s; penalty 1e-6
+#: 48 -> 49 products, 27.2 -> 26.7 s (1e-3: 29.4 s).
+REFRESH_DROP = 1e-4
+
+#: On a quadratic loss without intercept the feature Newton step is the whole solve: where the Hessian cannot be
+#: formed instead (more than :data:`KINKED_HESSIAN_MAX_FEATURES` features, or a rank asked for), its conjugate
+#: gradients may take this many times ``max_cg`` products in one run (a restart every ``max_cg`` products lost its
+#: Krylov space). Where it can, one run of ``max_cg`` that ends short of the gap forms it: n = 50,000, M = 4000,
+#: penalty 1e-8: 260 products, 53.7 s -> 56 passes, 23.9 s; M = 2000, penalty 1e-7: 10.6 -> 10.4 s; JokerRegressor,
+#: float32, n = 20,000, 2000 random features, C = 1000: 'max_time' at 60 s with a gap of 1.0 -> converged in 2.1 s.
+QUADRATIC_CG_RUNS = 10
 
 #: Largest M at which the feature Newton engine forms the Hessian of a kinked loss (hinge, absolute, pinball,
 #: epsilon-insensitive: curvature c / s on the band of rows near the kinks, 0 elsewhere) from its band's rows, features

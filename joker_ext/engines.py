@@ -403,11 +403,15 @@ class Monitor:
                 return self._interrupted(it) if reason == "interrupted" else reason
         if converged:
             return "converged"
-        if self.options.max_time is not None and time.perf_counter() - self.t0 >= self.options.max_time:
+        if self.out_of_time():
             return "max_time"
         if interrupted:
             return self._interrupted(it)
         return None
+
+    def out_of_time(self) -> bool:
+        """Whether ``options.max_time`` has passed (for checks inside an iteration)."""
+        return self.options.max_time is not None and time.perf_counter() - self.t0 >= self.options.max_time
 
     def result(self, alpha, state, n_iter: int, status: str, rec: Optional[dict]):
         """The engine's :class:`~joker_ext.results.SolverResult` from its last record (NaN gap when there is

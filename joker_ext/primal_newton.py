@@ -113,7 +113,8 @@ import numpy as np
 import torch
 
 from .defaults import (CONVERT_SPLIT, EXACT_HESSIAN_MAX_FEATURES, FORM_HESSIAN_AFTER_PRODUCTS, GPU_NEWTON_WORKSPACE,
-                       IN_PLACE_BLOCK, KINKED_HESSIAN_MAX_FEATURES, STREAM_BYTES, TEST_MATRIX_BLOCK)
+                       IN_PLACE_BLOCK, KINKED_HESSIAN_MAX_FEATURES, QUADRATIC_CG_RUNS, REFRESH_DROP, STREAM_BYTES,
+                       TEST_MATRIX_BLOCK)
 from .data import BlockData
 from .dense import cholesky_ex, cholesky_shifted, cholesky_solve
 from .distributed import SingleProcess, local_positions
@@ -785,6 +786,25 @@ class _Passes:
         dual = 0.5 * (PhiTA * PhiTA).sum(0) + conj_terms
         return {"F": F, "A": A, "W": W, "grad": beta - PhiTA, "primal": primal, "dual": dual, "share": share}
 
+    def residual(self, beta: torch.Tensor, smoothing: float, F_out: torch.Tensor) -> torch.Tensor:
+        """``Phi^T a(f) - beta``, the negative gradient at ``beta`` (the internal basis, no intercept, no shift), with
+        ``f = Phi beta`` written into ``F_out``: one pass with the gradient pass's accuracy (features in the solver
+        dtype) that holds no n-vector besides ``F_out``. Refreshes the residual of :func:`_pcg`'s recurrence."""
+        acc = torch.zeros_like(beta)
+        bt = self.basis.right(beta)
+        for start, stop, Xc in self.chunks(self.grad_rows):
+            G = self.basis.raw(Xc, out=self.buffer(stop - start, self.pass_dtype))
+            for s0, Gs in self._in_solver_dtype(G, G.shape[0] if G.dtype == beta.dtype else self.convert_rows):
+                lo, hi = start + s0, start + s0 + Gs.shape[0]
+                F_out[lo:hi] = Gs @ bt
+                acc.addmm_(Gs.T, self.loss.smoothed_dual(F_out[lo:hi], self.Y[lo:hi], self.c[lo:hi], smoothing)[0])
+            del G, Gs
+        if self.low:
+            self._buffers.pop(beta.dtype, None)
+        self.passes += 1
+        (acc,) = self.shards.sum_many(acc)
+        return self.basis.left(acc) - beta
+
     def _certify_with_intercept(self, beta, F, A, W, acc, acc_pos, acc_w, sums) -> dict:
         """:meth:`gradient`'s result with an intercept, from its pass's products and row sums: the dual point
         ``a*`` shrunk onto ``sum a = 0`` and its objective (``Phi^T`` of it from ``Phi^T a*`` and ``Phi^T a*_+``)."""
@@ -1015,14 +1035,22 @@ def _apply(precond, R: torch.Tensor) -> torch.Tensor:
     return torch.stack([precond[t].apply(R[:, t]) for t in range(R.shape[1])], dim=1)
 
 
-def _pcg(passes: _Passes, grad, W, precond, eta, max_cg: int, still_open=None):
+def _pcg(passes: _Passes, grad, W, precond, eta, max_cg: int, still_open=None, refresh=None, out_of_time=None):
     """Solve ``(I + Phi^T W Phi) D = -grad`` column by column in lockstep; returns ``(D, Phi D)``.
 
     No host synchronisation inside the loop: a column stops moving (zero step) once its residual is below
     ``eta ||grad||`` (``eta`` a number, or a tensor with one per column) or ``still_open(D, Phi D, R)`` (a boolean
     per column, computed on the device; see :func:`_gap_test`) turns false; whether any column still moves is read
     back one iteration late (:class:`_Flags`), and a product queued after the last useful iteration is abandoned as
-    soon as that is known.
+    soon as that is known. The loop also ends once ``out_of_time()`` is true (read at the same points).
+
+    ``refresh(D, Z)``, when given, returns the true residual at the iterate and writes ``Phi D`` into ``Z`` (one
+    pass in the solver dtype). It replaces the recurrence's residual ``R`` (the search direction stays: van der
+    Vorst and Ye's residual replacement) once ``R`` has fallen below :data:`REFRESH_DROP` times its norm at the
+    last fresh one, that fall read back one iteration late like the flags. Hessian products in float32 leave in
+    ``R`` an error of about float32's rounding times the norm of the first residual, which a quadratic's gap
+    test (:func:`_gap_test`) would otherwise read as a gap that never falls below about 1e-6, or as one that
+    has closed where the true gap is 1e-5.
     """
     T = grad.shape[1]
     D = torch.zeros_like(grad)
@@ -1040,10 +1068,18 @@ def _pcg(passes: _Passes, grad, W, precond, eta, max_cg: int, still_open=None):
     flags.post(0, active)
     if not flags.wait(0):
         return D, Z
+    # fallen[k]: the residual after k products is below REFRESH_DROP times the last fresh one's
+    fallen, fresh_norm, refreshed = (_Flags(grad.device, steps + 1), gnorm, 0) if refresh is not None else (None,) * 3
     for j in range(steps):
         # flag j-1 (is anything still moving after j-1 products?): on a GPU, iteration j-1 is queued behind it
-        if j >= 2 and not flags.wait(j - 1):
+        if j >= 2 and (not flags.wait(j - 1) or (out_of_time is not None and out_of_time())):
             break
+        # (a fall posted before the last refresh measured against the residual it replaced)
+        if fallen is not None and j >= 2 and j - 1 > refreshed and fallen.wait(j - 1):
+            R = refresh(D, Z)
+            Zr = _apply(precond, R)
+            rz = (R * Zr).sum(0)
+            fresh_norm, refreshed = R.norm(dim=0), j
         # (with several processes every product is finished: a product is also an all-reduce)
         abort = (lambda j=j: flags.ready(j) is False) if j >= 1 and not passes.shards.distributed else None
         out = passes.hessian_product(P, Wp, abort=abort)
@@ -1061,6 +1097,8 @@ def _pcg(passes: _Passes, grad, W, precond, eta, max_cg: int, still_open=None):
         if still_open is not None:
             active = active & still_open(D, Z, R)
         flags.post(j + 1, active)
+        if fallen is not None:
+            fallen.post(j + 1, active & (R.norm(dim=0) < REFRESH_DROP * fresh_norm))
         Zr = _apply(precond, R)
         rz_new = (R * Zr).sum(0)
         P = Zr + torch.where(rz > 0, rz_new / torch.where(rz > 0, rz, torch.ones_like(rz)), torch.zeros_like(rz)) * P
@@ -1175,6 +1213,16 @@ def constant_curvature(loss: Loss, Y: torch.Tensor, c_col: torch.Tensor) -> bool
     lo, hi = loss.box(Y, c_col)
     return bool(torch.isinf(lo).all() and torch.isinf(hi).all() and (loss.psi_hess(torch.zeros_like(Y), Y, c_col)
                                                                     > 0).all())
+
+
+def _residual_refresh(passes: _Passes, beta, F, smoothing: float):
+    """``refresh(D, Z)`` for :func:`_pcg` from the Newton iterate ``beta`` and its predictions ``F``: the residual at
+    ``beta + D`` from :meth:`_Passes.residual`, ``Z`` overwritten by ``Phi D``."""
+    def refresh(D, Z):
+        R = passes.residual(beta + D, smoothing, Z)
+        Z.sub_(F)
+        return R
+    return refresh
 
 
 def _gap_test(loss: Loss, Y, c_col, beta, F, tol: float, shards: SingleProcess, observe=None):
@@ -1705,10 +1753,13 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
     exact = exact or (smoothing.active and opts.newton_rank is None and M <= KINKED_HESSIAN_MAX_FEATURES)
     # where the Newton steps crawl on the sketch or on Falkon's preconditioner (logistic at large C or small
     # penalties: curvature from 1e-10 to 1/4 by row), the Hessian is formed from then on: features kept and at most
-    # EXACT_HESSIAN_MAX_FEATURES of them, or else, for losses that are not quadratic, from a pass up to
-    # KINKED_HESSIAN_MAX_FEATURES (the squared loss's first step is its whole solve)
+    # EXACT_HESSIAN_MAX_FEATURES of them, or else from a pass up to KINKED_HESSIAN_MAX_FEATURES for losses that are
+    # not quadratic, and for a quadratic whose first CG run on the sketch ended short of the gap (on Nystrom
+    # features Falkon's preconditioner is the squared loss's own)
     crawl_check = not quadratic and not smoothing.active
-    switchable = formable or (crawl_check and opts.newton_rank is None and M <= KINKED_HESSIAN_MAX_FEATURES)
+    sketched_quadratic = quadratic and passes.basis.kind != "nystrom"
+    switchable = formable or ((crawl_check or sketched_quadratic) and opts.newton_rank is None
+                              and M <= KINKED_HESSIAN_MAX_FEATURES)
     last_whole, last_rel, crawls = False, math.inf, 0
     # the finishing step of the continuation (one process: its free rows would be spread over the processes)
     finishes = exact and smoothing.active and bool(getattr(loss, "quadratic", False)) and not shards.distributed
@@ -1839,8 +1890,8 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
                 if quadratic and intercept:
                     eta, still_open = opts.newton_cg_tol, None
                 elif quadratic:
-                    # the gap test decides; no float32 floor (a recurrence that drifts is caught by the
-                    # next gradient pass, which is float64)
+                    # the gap test decides; no float32 floor (the float32 products' recurrence is refreshed from
+                    # passes in the solver dtype, and the next gradient pass certifies the gap afresh)
                     if inner is not None:
                         inner.iteration = it
                     eta = opts.newton_cg_tol
@@ -1855,8 +1906,18 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
                         # from 0): the Newton step cannot move b; b alone goes to its minimiser at this beta
                         db = torch.where(flat, _intercept_minimiser(loss, Y, c_col, g["F"], b, shards) - b, db)
                         D[:, flat], Z[:, flat] = 0.0, 0.0
+                elif still_open is not None:
+                    # a quadratic's Newton step is the whole solve: one CG run may take the products of several
+                    # Newton iterations (a restart would lose its Krylov space), its residual refreshed where the
+                    # products run in float32
+                    refresh = _residual_refresh(passes, beta, g["F"], smoothing.value) \
+                        if passes.low and shift is None else None
+                    # (one run of max_cg where the Hessian can be formed instead)
+                    runs = 1 if switchable and not exact else max(1, min(opts.max_iter - it, QUADRATIC_CG_RUNS))
+                    D, Z = _pcg(passes, g["grad"], g["W"], precond, eta, opts.max_cg * runs, still_open, refresh,
+                                mon.out_of_time)
                 else:
-                    D, Z = _pcg(passes, g["grad"], g["W"], precond, eta, opts.max_cg, still_open)
+                    D, Z = _pcg(passes, g["grad"], g["W"], precond, eta, opts.max_cg, out_of_time=mon.out_of_time)
                 # Newton steps that crawl: whole steps after which the gap did not fall by CRAWL_RATIO, one below
                 # CRAWL_FROM or CRAWL_STEPS in a row above it (steps from conjugate gradients stopped short)
                 rel_now = float(rel.max())

@@ -334,6 +334,93 @@ def test_feature_newton_forms_the_hessian_when_its_steps_crawl(monkeypatch):
     np.testing.assert_allclose(f, f_sklearn, atol=1e-4 * np.abs(f_sklearn).max())
 
 
+def _float32_ridge(n, M, C, seed=3):
+    """Squared loss on float32 random features solved in float64 (the Hessian products run in float32): the
+    operator, the targets, and the closed-form ridge weights on the same (rounded) features."""
+    from joker_ext.features import RandomFeatureMap
+
+    X, y = make_regression(n=n, d=4, seed=seed)
+    fmap = RandomFeatureMap(GaussianKernel(1.0), M, seed=2, compute_dtype=torch.float32)
+    Xt = torch.as_tensor(X)
+    op = FeatureOperator(fmap, BlockData(Xt, F64, torch.device("cpu")), chunk_rows=256)
+    Phi = fmap(Xt).double().numpy()
+    beta = np.linalg.solve(np.eye(Phi.shape[1]) + C * Phi.T @ Phi, C * Phi.T @ y)
+    return op, torch.as_tensor(y).reshape(-1, 1), Phi, beta
+
+
+def test_feature_newton_quadratic_cg_refreshes_its_float32_residual(monkeypatch):
+    """Squared loss, float32 Hessian products, C = 1e4 (a sketch on 1000 of 2000 rows, no Hessian formed), one Newton
+    step of at most 300 products. The CG recurrence's residual carries an error of float32's rounding times the
+    first residual's norm: unrefreshed, it reaches its target (or its gap test closes) where the true gap is still
+    above 1e-6. Refreshed from passes in float64 each time it has fallen 1e4-fold, the one run ends within a gap
+    of 1e-8; given three Newton iterations the fit converges to 1e-10, at the closed-form ridge solution on the
+    same features."""
+    import joker_ext.primal_newton as pn
+
+    monkeypatch.setattr(pn, "KINKED_HESSIAN_MAX_FEATURES", 16)  # (the sketch throughout)
+    C, n = 1e4, 2000
+    op, Y, Phi, beta = _float32_ridge(n, 200, C)
+
+    def fit(max_iter):
+        opts = SolverOptions(max_iter=max_iter, tol=1e-10, max_cg=300, newton_sketch_rows=1000, newton_cache=False)
+        return feature_newton(op, Y, get_loss("squared"), torch.full((n,), C, dtype=F64), opts)
+
+    one_run = fit(1)
+    assert one_run.rel_gap <= 1e-8, (one_run.status, one_run.rel_gap)
+    res = fit(3)
+    assert res.status == "converged" and res.rel_gap <= 1e-10, (res.status, res.rel_gap)
+    f = Phi @ res.state["beta"][:, 0].numpy()
+    np.testing.assert_allclose(f, Phi @ beta, atol=1e-6 * np.abs(Phi @ beta).max())
+    monkeypatch.setattr(pn, "REFRESH_DROP", 0.0)
+    stale = fit(1)
+    assert stale.rel_gap > 1e-6, (stale.status, stale.rel_gap)
+
+
+def test_feature_newton_quadratic_forms_the_hessian_where_its_first_cg_run_falls_short(monkeypatch):
+    """Squared loss, C = 1e5, features not kept, a sketch on 40 of 2000 rows and 30 products per run: where the
+    Hessian can be formed from a pass (M <= KINKED_HESSIAN_MAX_FEATURES, no rank asked for), the first run's shortfall
+    forms it and the fit converges within 4 Newton iterations to the closed-form ridge solution; with the sketch
+    throughout, 4 iterations (up to 120 products) leave the gap far above the tolerance."""
+    import joker_ext.primal_newton as pn
+
+    C = 1e5
+    op, Y, Phi, beta = _float32_ridge(2000, 200, C)
+    opts = SolverOptions(max_iter=4, tol=1e-9, max_cg=30, newton_sketch_rows=40, newton_cache=False)
+    formed = []
+    exact_hessian = pn._Passes.exact_hessian
+
+    def counted(self, *args, **kwargs):
+        formed.append(1)
+        return exact_hessian(self, *args, **kwargs)
+
+    monkeypatch.setattr(pn._Passes, "exact_hessian", counted)
+    monkeypatch.setattr(pn, "EXACT_HESSIAN_MAX_FEATURES", 16)  # (not formed from the start)
+    res = feature_newton(op, Y, get_loss("squared"), torch.full((2000,), C, dtype=F64), opts)
+    assert res.status == "converged" and formed, (res.status, res.rel_gap, len(formed))
+    f = Phi @ res.state["beta"][:, 0].numpy()
+    np.testing.assert_allclose(f, Phi @ beta, atol=1e-6 * np.abs(Phi @ beta).max())
+    monkeypatch.setattr(pn, "KINKED_HESSIAN_MAX_FEATURES", 16)
+    sketch = feature_newton(op, Y, get_loss("squared"), torch.full((2000,), C, dtype=F64), opts)
+    assert sketch.status == "max_iter" and sketch.rel_gap > 1e-6, (sketch.status, sketch.rel_gap)
+
+
+def test_feature_newton_quadratic_cg_run_stops_inside_at_max_time(monkeypatch):
+    """``max_time`` is read inside the squared loss's long CG run, not only between Newton iterations: with the
+    budget spent after the run's fifth product (``Monitor.out_of_time`` made to say so), the fit ends 'max_time' a
+    product or two later instead of running its 100 products."""
+    import joker_ext.engines as engines
+    import joker_ext.primal_newton as pn
+
+    monkeypatch.setattr(pn, "KINKED_HESSIAN_MAX_FEATURES", 16)
+    op, Y, _, _ = _float32_ridge(1000, 100, 1e5)
+    asked = []
+    monkeypatch.setattr(engines.Monitor, "out_of_time", lambda self: asked.append(1) or len(asked) > 4)
+    res = feature_newton(op, Y, get_loss("squared"), torch.full((1000,), 1e5, dtype=F64),
+                         SolverOptions(max_iter=1, tol=1e-14, max_cg=100, newton_sketch_rows=40, newton_cache=False,
+                                       max_time=1e9))
+    assert res.status == "max_time" and res.history[-1]["passes"] <= 1 + 5 + 3, (res.status, res.history[-1])
+
+
 def test_feature_newton_intercept_steps_converge_where_the_schur_complement_cancels(monkeypatch):
     """Logistic loss with the intercept on random features (a sketch on 300 of 3000 rows, C = 1000, no Hessian formed):
     the Newton step's intercept comes from the Schur complement ``sum w - v^T H^{-1} v``, a difference of nearly equal
