@@ -291,6 +291,21 @@ def test_feature_newton_feature_cache_gives_the_recomputed_fit_to_the_bit(loss):
     assert fits[0].history[-1]["passes"] == fits[1].history[-1]["passes"] > 5
 
 
+def _count_hessian_forming(monkeypatch) -> list:
+    """A list that grows by one each time the feature Newton engine forms its Hessian (``_Passes.exact_hessian``)."""
+    import joker_ext.primal_newton as pn
+
+    formed = []
+    exact_hessian = pn._Passes.exact_hessian
+
+    def counted(self, *args, **kwargs):
+        formed.append(1)
+        return exact_hessian(self, *args, **kwargs)
+
+    monkeypatch.setattr(pn._Passes, "exact_hessian", counted)
+    return formed
+
+
 def test_feature_newton_forms_the_hessian_when_its_steps_crawl(monkeypatch):
     """Logistic loss, random features not kept, a sketch on 60 of 1500 rows and three conjugate-gradient products per
     Newton step: the truncated steps are whole, yet the relative gap stays near 1 (three products from a sketch of so
@@ -306,14 +321,7 @@ def test_feature_newton_forms_the_hessian_when_its_steps_crawl(monkeypatch):
     C = 300.0
     fmap = RandomFeatureMap(GaussianKernel(1.0), 200, seed=2)
     Xt = torch.as_tensor(X)
-    formed = []
-    exact_hessian = pn._Passes.exact_hessian
-
-    def counted(self, *args, **kwargs):
-        formed.append(1)
-        return exact_hessian(self, *args, **kwargs)
-
-    monkeypatch.setattr(pn._Passes, "exact_hessian", counted)
+    formed = _count_hessian_forming(monkeypatch)
     fits, rule = {}, pn.CRAWL_RATIO
     for ratio in (rule, math.inf):
         monkeypatch.setattr(pn, "CRAWL_RATIO", ratio)
@@ -386,14 +394,7 @@ def test_feature_newton_quadratic_forms_the_hessian_where_its_first_cg_run_falls
     C = 1e5
     op, Y, Phi, beta = _float32_ridge(2000, 200, C)
     opts = SolverOptions(max_iter=4, tol=1e-9, max_cg=30, newton_sketch_rows=40, newton_cache=False)
-    formed = []
-    exact_hessian = pn._Passes.exact_hessian
-
-    def counted(self, *args, **kwargs):
-        formed.append(1)
-        return exact_hessian(self, *args, **kwargs)
-
-    monkeypatch.setattr(pn._Passes, "exact_hessian", counted)
+    formed = _count_hessian_forming(monkeypatch)
     monkeypatch.setattr(pn, "EXACT_HESSIAN_MAX_FEATURES", 16)  # (not formed from the start)
     res = feature_newton(op, Y, get_loss("squared"), torch.full((2000,), C, dtype=F64), opts)
     assert res.status == "converged" and formed, (res.status, res.rel_gap, len(formed))
