@@ -1769,6 +1769,9 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
     sample = sample.to(device)
     mon = Monitor(opts, callback=callback, validation=validation, snapshot=snapshot, snapshot_every=snapshot_every,
                   dtype=dtype)
+    # the time budget inside a CG run (each process's own clock: with several, a process leaving a run alone would
+    # leave the others waiting in its products' all-reduce)
+    out_of_time = None if shards.distributed else mon.out_of_time
     status, it, rec, alpha = "max_iter", start_iter, None, torch.zeros(n, T, dtype=dtype, device=device)
     state = _newton_state(basis, beta, b, level)
     precond, precond_w = None, None
@@ -1915,9 +1918,9 @@ def feature_newton(operator, Y: torch.Tensor, loss: Loss, c: torch.Tensor, optio
                     # (one run of max_cg where the Hessian can be formed instead)
                     runs = 1 if switchable and not exact else max(1, min(opts.max_iter - it, QUADRATIC_CG_RUNS))
                     D, Z = _pcg(passes, g["grad"], g["W"], precond, eta, opts.max_cg * runs, still_open, refresh,
-                                mon.out_of_time)
+                                out_of_time)
                 else:
-                    D, Z = _pcg(passes, g["grad"], g["W"], precond, eta, opts.max_cg, out_of_time=mon.out_of_time)
+                    D, Z = _pcg(passes, g["grad"], g["W"], precond, eta, opts.max_cg, out_of_time=out_of_time)
                 # Newton steps that crawl: whole steps after which the gap did not fall by CRAWL_RATIO, one below
                 # CRAWL_FROM or CRAWL_STEPS in a row above it (steps from conjugate gradients stopped short)
                 rel_now = float(rel.max())
