@@ -1075,7 +1075,7 @@ def _pcg(passes: _Passes, grad, W, precond, eta, max_cg: int, still_open=None, r
         if j >= 2 and (not flags.wait(j - 1) or (out_of_time is not None and out_of_time())):
             break
         # (a fall posted before the last refresh measured against the residual it replaced)
-        if fallen is not None and j >= 2 and j - 1 > refreshed and fallen.wait(j - 1):
+        if fallen is not None and j - 1 > refreshed and fallen.wait(j - 1):
             R = refresh(D, Z)
             Zr = _apply(precond, R)
             rz = (R * Zr).sum(0)
@@ -1093,12 +1093,13 @@ def _pcg(passes: _Passes, grad, W, precond, eta, max_cg: int, still_open=None, r
         Z.addcmul_(PhiP, step)  # (no n-vector temporary)
         out = PhiP = None
         R.sub_(step * HP)
-        active = active & (R.norm(dim=0) > target)
+        r_norm = R.norm(dim=0)
+        active = active & (r_norm > target)
         if still_open is not None:
             active = active & still_open(D, Z, R)
         flags.post(j + 1, active)
         if fallen is not None:
-            fallen.post(j + 1, active & (R.norm(dim=0) < REFRESH_DROP * fresh_norm))
+            fallen.post(j + 1, active & (r_norm < REFRESH_DROP * fresh_norm))
         Zr = _apply(precond, R)
         rz_new = (R * Zr).sum(0)
         P = Zr + torch.where(rz > 0, rz_new / torch.where(rz > 0, rz, torch.ones_like(rz)), torch.zeros_like(rz)) * P
