@@ -47,7 +47,8 @@ except ImportError:  # pragma: no cover - numba is a dependency
     numba = None
 
 __all__ = ["MIXED_CONTRACTION", "MIXED_PRECISION_MIN", "RefinedCholesky", "cholesky_ex", "cholesky_pcg",
-           "cholesky_shifted", "cholesky_solve", "prefault_", "rows_product", "scipy_blas_on_one_thread", "submatrix"]
+           "cholesky_shifted", "cholesky_solve", "pcg", "prefault_", "rows_product", "scipy_blas_on_one_thread",
+           "submatrix"]
 
 
 def _scipy_potrf(dtype: torch.dtype):
@@ -353,25 +354,48 @@ class RefinedCholesky:
 
 def cholesky_pcg(L: torch.Tensor, product, V: torch.Tensor, *, tol: float, max_iter: int) -> Tuple[torch.Tensor, float]:
     r"""``H^{-1} V`` in ``V``'s precision by conjugate gradients on ``H``, preconditioned by the Cholesky factor ``L``
-    of a matrix near ``H``: ``H`` itself rounded to float32, or ``H`` at an earlier Newton iterate.
+    of a matrix near ``H``: ``H`` itself rounded to float32, or ``H`` at an earlier Newton iterate
+    (:func:`pcg` with the preconditioner ``R -> (L L^T)^{-1} R``, solved in ``L``'s dtype).
 
-    Each column of ``V`` runs its own conjugate gradients, all in lockstep; one iteration costs one ``product`` and
-    two triangular solves through ``L``. On the CPU the run stops once every column has reached ``tol``; elsewhere it
-    runs ``max_iter`` iterations, a finished column's steps being zero, so that it never waits for the device before
-    the residual it returns. The preconditioner's float32 rounding makes it slightly inexact, so the
-    directions are conjugated by the flexible (Polak-Ribiere) rule
-    ``beta = z_new^T (r_new - r_old) / z_old^T r_old``, which tolerates that; the residual is updated in ``V``'s
-    precision from the exact products, so it tracks ``V - H X`` to that precision's rounding. Against refinement
-    (:class:`RefinedCholesky`, whose error falls by ``cond(H) eps_32`` per step) it needs fewer steps through a
-    float32 factor of ``H`` (3 against 6 for the logistic Newton systems at n = 10,000) and still converges through
-    a factor of a nearby matrix, where refinement diverges.
+    Against refinement (:class:`RefinedCholesky`, whose error falls by ``cond(H) eps_32`` per step) it needs fewer
+    steps through a float32 factor of ``H`` (3 against 6 for the logistic Newton systems at n = 10,000) and still
+    converges through a factor of a nearby matrix, where refinement diverges.
 
     Parameters
     ----------
     L : Tensor (m, m)
         Lower Cholesky factor of the preconditioner (any floating dtype; the solves are done in its dtype).
+    product, V, tol, max_iter
+        As :func:`pcg`.
+
+    Returns
+    -------
+    X : Tensor (m, k)
+    residual : float
+        As :func:`pcg`.
+    """
+    return pcg(lambda R: cholesky_solve(R.to(L.dtype), L).to(R.dtype), product, V, tol=tol, max_iter=max_iter)
+
+
+def pcg(precondition, product, V: torch.Tensor, *, tol: float, max_iter: int) -> Tuple[torch.Tensor, float]:
+    r"""``H^{-1} V`` in ``V``'s precision by preconditioned conjugate gradients on the symmetric positive definite
+    ``H``, for a preconditioner that is itself an inexact solve (a float32 Cholesky factor, or an earlier matrix's).
+
+    Each column of ``V`` runs its own conjugate gradients, all in lockstep; one iteration costs one ``product`` and
+    one ``precondition``. On the CPU the run stops once every column has reached ``tol``; elsewhere it runs
+    ``max_iter`` iterations, a finished column's steps being zero, so that it never waits for the device before
+    the residual it returns. The preconditioner's rounding makes it slightly inexact, so the directions are
+    conjugated by the flexible (Polak-Ribiere) rule ``beta = z_new^T (r_new - r_old) / z_old^T r_old``, which
+    tolerates that; the residual is updated in ``V``'s precision from the exact products, so it tracks ``V - H X``
+    to that precision's rounding.
+
+    Parameters
+    ----------
+    precondition : callable
+        ``R -> P^{-1} R`` for ``R`` of shape (m, k), returned in ``R``'s dtype (``P`` near ``H``, symmetric positive
+        definite).
     product : callable
-        ``X -> H X`` for ``X`` of shape (m, k), in ``V``'s precision (``H`` symmetric positive definite).
+        ``X -> H X`` for ``X`` of shape (m, k), in ``V``'s precision.
     V : Tensor (m, k)
     tol : float
         A column stops once ``||V - H X||_2 <= tol ||V||_2``.
@@ -384,9 +408,6 @@ def cholesky_pcg(L: torch.Tensor, product, V: torch.Tensor, *, tol: float, max_i
     residual : float
         The largest ``||V - H X|| / ||V||`` over the columns (0 for zero columns).
     """
-    def precondition(R: torch.Tensor) -> torch.Tensor:
-        return cholesky_solve(R.to(L.dtype), L).to(R.dtype)
-
     X = torch.zeros_like(V)
     R = V.clone()
     norms = V.norm(dim=0)

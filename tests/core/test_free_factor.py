@@ -296,3 +296,90 @@ def test_squared_loss_fit_through_the_mixed_factor_is_kernel_ridge(monkeypatch):
         # the predictions, to float64's accuracy at the system's conditioning (cond ~ 100 C: a float64 factor per
         # column was 1.6e-9 off KernelRidge at C = 10^6, where the coefficients themselves are determined to 1e-5)
         np.testing.assert_allclose(m.predict(X), krr.predict(X), rtol=0, atol=1e-12 * C)
+
+
+def _float32_everywhere(monkeypatch):
+    """Every fresh factor of a float64 block made in float32 (thresholds off), updates from the smallest size."""
+    monkeypatch.setattr(ff, "FLOAT32_FREE_MIN", 0)
+    monkeypatch.setattr(ff, "FLOAT32_WORTH", 0)
+    monkeypatch.setattr(ff, "MIN_UPDATE_SIZE", 0)
+
+
+def test_float32_factor_updates_solve_the_same_systems_to_float64_accuracy(monkeypatch):
+    """A walk of free sets (additions, removals, both) through one float32 factor, kept and updated: every solve,
+    fresh or updated, is finished by conjugate gradients to numpy's float64 solve of the same system, and no solve
+    is left unrefined for the active-set rounds to polish."""
+    _float32_everywhere(monkeypatch)
+    n = 400
+    K = _kernel(n, gamma=0.1)
+    gen = torch.Generator().manual_seed(1)
+    d = 0.1 * (1.0 + torch.rand(n, generator=gen, dtype=torch.float64))
+    free = torch.sort(torch.randperm(n, generator=gen)[:300]).values
+    factor = ff.FreeFactor(cholesky_shifted)
+    for step in range(12):
+        V = torch.randn(free.numel(), 2, generator=gen, dtype=torch.float64)
+        X = factor.solve(K, free, d, V)
+        assert X.dtype == torch.float64 and not factor.updated
+        _check(K, d, free, V, X, 1e-12)
+        out = torch.ones(n, dtype=torch.bool)
+        out[free] = False
+        outside = torch.nonzero(out).reshape(-1)
+        add = outside[torch.randperm(outside.numel(), generator=gen)[: step % 4 * 3]]
+        drop = free[torch.randperm(free.numel(), generator=gen)[: (step + 1) % 3 * 4]]
+        free = torch.sort(torch.cat([free[~torch.isin(free, drop)], add])).values
+    assert factor.L0.dtype == torch.float32 and not factor.float32_failed
+    assert factor.updates >= 6 and factor.finished_by_cg == 12
+
+
+def test_float32_factor_declines_a_block_too_ill_conditioned_for_float32(monkeypatch):
+    """A block whose condition number is beyond float32 (a nearly flat kernel, a tiny diagonal) either fails the
+    float32 factorisation or leaves the conjugate gradients short of their tolerance: the block is factored in
+    float64 (a float64 factorisation's backward error), and float32 is not tried again for this factor."""
+    _float32_everywhere(monkeypatch)
+    n = 300
+    K = _kernel(n, gamma=0.01)
+    d = torch.full((n,), 1e-9, dtype=torch.float64)
+    free = torch.arange(n)
+    V = torch.randn(n, 1, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    factor = ff.FreeFactor(cholesky_shifted)
+    X = factor.solve(K, free, d, V)
+    assert factor.float32_failed and factor.finished_by_cg == 0 and factor.L0.dtype == torch.float64
+    H = K + torch.diag(d)
+    backward = (V - H @ X).abs().max() / (V.abs().max() + H.abs().sum(1).max() * X.abs().max())
+    assert backward <= 1e-15  # a float64 factorisation's backward error (float32's would be ~1e-7)
+    assert not factor._float32_worth(K, free)
+
+
+def test_hinge_fit_through_float32_free_factors_matches_libsvm(monkeypatch):
+    """The hinge loss with an intercept by the working-set engine, every large free block factored in float32 (the
+    thresholds lowered to this problem's size) and its solves finished in float64: the fit is certified, went
+    through such factors, and its primal objective is LIBSVM's at a tight tolerance, or below it."""
+    from sklearn.datasets import make_classification
+    from sklearn.svm import SVC
+
+    from joker_ext import JokerClassifier
+
+    monkeypatch.setattr(ff, "FLOAT32_FREE_MIN", 64)
+    monkeypatch.setattr(ff, "FLOAT32_WORTH", 0)
+    finished, original = [], ff.FreeFactor._finished
+
+    def counted(self, *args):
+        out = original(self, *args)
+        finished.append(out is not None)
+        return out
+
+    monkeypatch.setattr(ff.FreeFactor, "_finished", counted)
+    X, y = make_classification(n_samples=800, n_features=8, flip_y=0.05, random_state=3)
+    X = (X - X.mean(0)) / X.std(0)
+    C, gamma = 100.0, 1.0  # a wide kernel's near-interpolation: most coordinates free
+    est = JokerClassifier(loss="hinge", C=C, gamma=gamma, fit_intercept=True).fit(X, y)
+    assert any(finished) and est.relative_gap_ <= 1e-10
+    ref = SVC(C=C, gamma=gamma, tol=1e-10).fit(X, y)
+    K = rbf_kernel(X, gamma=gamma)
+    a = np.zeros(len(y))
+    a[ref.support_] = ref.dual_coef_.ravel()
+    f = K @ a + ref.intercept_[0]
+    primal = 0.5 * a @ (K @ a) + C * np.maximum(0.0, 1.0 - np.where(y == 1, 1.0, -1.0) * f).sum()
+    # LIBSVM's tolerance bounds its KKT violation, not its objective: it ends a little above the optimum (1.4e-6
+    # relative here), never below it
+    assert -1e-5 * primal <= est.primal_objective_ - primal <= 1e-12 * primal
