@@ -121,6 +121,25 @@ def test_one_vs_one_on_cuda_is_the_cpus_model():
     assert JokerClassifier(**params, device="cuda").fit(X, y).dual_coef_.shape[1] == 4
 
 
+def test_float32_free_factors_on_cuda_give_the_cpu_fit(monkeypatch):
+    """The working-set engine on CUDA with its free blocks factored in float32 (the thresholds lowered to this size)
+    and every solve through them finished by float64 conjugate gradients on the device: the hinge fit certifies and
+    equals the CPU's float64 fit."""
+    import joker_ext.free_factor as ff
+
+    X, y = make_binary(n=600, d=5, seed=3)
+    params = dict(loss="hinge", C=10.0, sigma=1.0, tol=TOL)
+    cpu = JokerClassifier(**params).fit(X, y)
+    monkeypatch.setattr(ff, "FLOAT32_FREE_MIN", 32)
+    monkeypatch.setattr(ff, "FLOAT32_WORTH", 0)
+    devices, original = [], ff.FreeFactor._finished
+    monkeypatch.setattr(ff.FreeFactor, "_finished",
+                        lambda self, K, *rest: devices.append(K.device.type) or original(self, K, *rest))
+    gpu = JokerClassifier(**params, device="cuda").fit(X, y)
+    assert "cuda" in devices
+    _check(X, cpu, gpu)
+
+
 def test_cholesky_pcg_on_cuda_reaches_float64_accuracy_without_waiting():
     """:func:`joker_ext.dense.cholesky_pcg` on CUDA tensors (where it runs all ``max_iter`` iterations, a finished
     column's steps zero): float64's accuracy from a float32 factor, as numpy's float64 solve, a zero column zero."""

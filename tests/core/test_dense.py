@@ -292,7 +292,8 @@ def test_rows_product_is_the_chosen_rows_transposed_times_v(monkeypatch):
 @pytest.mark.parametrize("compiled", [True, False])
 def test_submatrix_is_advanced_indexing(monkeypatch, compiled):
     """:func:`~joker_ext.dense.submatrix` against ``K[rows][:, cols]``: the compiled gather and the
-    index_selects (``compiled=False``), into a fresh matrix or a given one, rows and columns in any order."""
+    index_selects (``compiled=False``), into a fresh matrix or a given one (of K's dtype or float32), rows and columns
+    in any order."""
     if not compiled:
         monkeypatch.setattr(dense, "_gather_compiled", None)
     elif dense._gather_compiled is None:
@@ -311,6 +312,10 @@ def test_submatrix_is_advanced_indexing(monkeypatch, compiled):
         assert dense.submatrix(K, rows, cols, out=view).data_ptr() == out.data_ptr()
         assert torch.equal(view, K[rows][:, cols]) and torch.isnan(out[17 * 23:]).all()
         assert dense.submatrix(K, rows[:0]).shape == (0, 0)
+    # a float64 matrix gathered into a float32 block: the entries rounded once
+    K = torch.randn(50, 40, generator=g, dtype=torch.float64)
+    out = torch.empty(17, 23, dtype=torch.float32)
+    assert torch.equal(dense.submatrix(K, rows, cols, out=out), K[rows][:, cols].to(torch.float32))
 
 
 @pytest.mark.parametrize("compiled", [True, False])
