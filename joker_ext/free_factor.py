@@ -108,9 +108,13 @@ class FreeFactor:
         update the factor, took 1.1-1.3x their time at n = 4000 when every step factored afresh in float32. The
         factor serves the same system's next solves (another target column's right-hand side, the same ``d``)
         without factoring again.
+    float32 : bool
+        Factor large free blocks of a float64 ``K`` in float32, each solve finished in float64
+        (:meth:`_float32_solve`); False where an earlier factor of the same problem found its blocks too
+        ill-conditioned for float32 (:attr:`float32_failed`).
     """
 
-    def __init__(self, fallback: Callable[[torch.Tensor], torch.Tensor], mixed: bool = False):
+    def __init__(self, fallback: Callable[[torch.Tensor], torch.Tensor], mixed: bool = False, float32: bool = True):
         self.fallback = fallback
         self.mixed = mixed
         self.L0: Optional[torch.Tensor] = None
@@ -127,7 +131,7 @@ class FreeFactor:
         # (L, d): the float32 factor of K + diag(d) over all of K from the last mixed solve, for the same system's
         # next right-hand sides (the other target columns of a squared loss)
         self._whole32: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
-        self.float32_failed = False  # a solve through a float32 factor did not converge: float64 from then on
+        self.float32_failed = not float32  # a solve through a float32 factor did not converge: float64 from then on
         self.finished_by_cg = 0  # solves through a float32 factor (fresh or updated), finished in float64
 
     def solve(self, K: torch.Tensor, free: torch.Tensor, d: torch.Tensor, V: torch.Tensor, *,

@@ -709,7 +709,7 @@ def _decompose(src: _KernelRows, columns, loss: Loss, Y, c_col, alpha, F, interc
         if held is not None:  # the factor carries over when it holds little outside B
             outside = held[~torch.isin(held, B)]
             if not mostly_free or CARRY_RATIO * outside.numel() > held.numel():
-                factors[t], held = FreeFactor(cholesky_shifted), None
+                factors[t], held = FreeFactor(cholesky_shifted, float32=not factors[t].float32_failed), None
             elif outside.numel():
                 B = torch.unique(torch.cat([B, outside]))
         if src.cache.full and B.numel() >= WHOLE_SHARE * src.n:  # K_BB is then the cache's buffer, not a copy

@@ -348,6 +348,9 @@ def test_float32_factor_declines_a_block_too_ill_conditioned_for_float32(monkeyp
     backward = (V - H @ X).abs().max() / (V.abs().max() + H.abs().sum(1).max() * X.abs().max())
     assert backward <= 1e-15  # a float64 factorisation's backward error (float32's would be ~1e-7)
     assert not factor._float32_worth(K, free)
+    # a later factor of the same problem (the working set's next subproblems) is told so, and starts in float64
+    assert ff.FreeFactor(cholesky_shifted)._float32_worth(K, free)
+    assert not ff.FreeFactor(cholesky_shifted, float32=False)._float32_worth(K, free)
 
 
 def test_hinge_fit_through_float32_free_factors_matches_libsvm(monkeypatch):
