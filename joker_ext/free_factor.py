@@ -67,7 +67,8 @@ FLOAT32_FREE_MIN = 4096
 #: float64 one's time (about ``|F|^3 / 3`` operations at 118 GFLOP/s: 1.1 s at ``|F|`` = 9,680).
 FLOAT32_WORTH = 4096
 #: Conjugate-gradient iterations, and the relative residual ``||V - H X|| / ||V||`` that a solve through a float32
-#: factor must reach within them (else the block is factored in float64, and float32 factors are not tried again).
+#: factor must reach within them (else a fresh factor's block is factored in float64, and float32 factors are not
+#: tried again; an updated solve is solved afresh).
 FLOAT32_CG_ITERATIONS = 25
 FLOAT32_CG_TOL = 1e-14
 
@@ -336,9 +337,11 @@ class FreeFactor:
 
     def _block(self, K, rows, cols=None) -> torch.Tensor:
         """``K[rows][:, cols]`` in the factor's dtype."""
+        if self.L0.dtype == K.dtype:
+            return submatrix(K, rows, cols)
         cols = rows if cols is None else cols
-        return submatrix(K, rows, cols, out=torch.empty(rows.numel(), cols.numel(), dtype=self.L0.dtype,
-                                                        device=K.device))
+        return submatrix(K, rows, cols, out=prefault_(torch.empty(rows.numel(), cols.numel(), dtype=self.L0.dtype,
+                                                                  device=K.device)))
 
     def _extend(self, K, added, d) -> bool:
         """Add the block row of ``added`` (False when its Schur complement is not numerically positive
