@@ -25,6 +25,19 @@ def _check(K, d, free, V, X, tol):
     assert np.abs(X.numpy() - ref).max() <= tol * np.abs(ref).max()
 
 
+def _outcomes(monkeypatch, method: str) -> list:
+    """Record, for each call of ``FreeFactor.<method>``, whether it gave a solve (not None)."""
+    calls, original = [], getattr(ff.FreeFactor, method)
+
+    def recording(self, *args):
+        out = original(self, *args)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(ff.FreeFactor, method, recording)
+    return calls
+
+
 @pytest.mark.parametrize("d_scale", [1e-1, 1e-6])
 def test_updates_solve_the_same_systems(monkeypatch, d_scale):
     """A walk of free sets (additions, removals, both) solved through the updated factor equals the dense
@@ -134,15 +147,7 @@ def test_huber_fit_through_updates_matches_libsvm(monkeypatch):
     factor (counted) and the primal objective equals LIBSVM's optimum of the same problem (the Huber dual is
     SVR's with epsilon = 0 and box C delta on K + I / C)."""
     monkeypatch.setattr(ff, "MIN_UPDATE_SIZE", 64)
-    calls = []
-    original = ff.FreeFactor._updated_solve
-
-    def counted(self, *args):
-        out = original(self, *args)
-        calls.append(out is not None)
-        return out
-
-    monkeypatch.setattr(ff.FreeFactor, "_updated_solve", counted)
+    calls = _outcomes(monkeypatch, "_updated_solve")
     X, y = make_regression(n_samples=600, n_features=5, noise=10.0, random_state=0)
     X = (X - X.mean(0)) / X.std(0)
     y = (y - y.mean()) / y.std()
@@ -364,14 +369,7 @@ def test_hinge_fit_through_float32_free_factors_matches_libsvm(monkeypatch):
 
     monkeypatch.setattr(ff, "FLOAT32_FREE_MIN", 64)
     monkeypatch.setattr(ff, "FLOAT32_WORTH", 0)
-    finished, original = [], ff.FreeFactor._finished
-
-    def counted(self, *args):
-        out = original(self, *args)
-        finished.append(out is not None)
-        return out
-
-    monkeypatch.setattr(ff.FreeFactor, "_finished", counted)
+    finished = _outcomes(monkeypatch, "_finished")
     X, y = make_classification(n_samples=800, n_features=8, flip_y=0.05, random_state=3)
     X = (X - X.mean(0)) / X.std(0)
     C, gamma = 100.0, 1.0  # a wide kernel's near-interpolation: most coordinates free
