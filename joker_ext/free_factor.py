@@ -12,7 +12,7 @@ updates of the Schur-complement method of QP active-set solvers; Gill, Murray, S
   with ``E`` the columns of the identity at ``R`` and ``mu`` solving ``(E^T H_UU^{-1} E) mu = E^T H_UU^{-1} v``,
   so that ``x_R = 0`` and ``(H_UU x)_F = v_F``, i.e. ``H_FF x_F = v_F``. The columns ``W = H_UU^{-1} E`` are kept
   while the factor lives (a coordinate pinned at one step is mostly pinned at the next ones): a new pin costs
-  ``2 |U|^2``, an extension borders the kept columns (:meth:`FreeFactor._pinned_solve`).
+  ``2 |U|^2``, an extension borders the kept columns (:meth:`FreeFactor._pins`).
 
 A step factors ``H_FF`` afresh (``|F|^3 / 3``) when ``d`` changed on ``U``, when the update would cost more than
 about half of that (``UPDATE_RATIO (|A| + |new pins|) > |F|``), when the factor holds many more coordinates than
@@ -22,6 +22,8 @@ the active-set rounds need full accuracy only at the step at which their sets se
 residual that their predictions ``K a`` give anyway, factoring afresh when the pinned system lost accuracy
 (:meth:`joker_ext.active_set._Column._polish`; refining every updated solve here cost a fifth of a hard working-set
 fit). :meth:`FreeFactor.residual_scale` gives the scale of a fresh factorisation's rounding for that test.
+The exception is a factor made in float32 (free blocks of :data:`FLOAT32_FREE_MIN` coordinates or more): every
+solve through it, fresh or updated, is finished in float64 by conjugate gradients (:meth:`FreeFactor._finished`).
 
 The factor may serve another matrix holding the same entries at other indices (:meth:`FreeFactor.relabel`): the
 working-set engine carries it from one subproblem's ``K_BB`` to the next.
@@ -139,7 +141,8 @@ class FreeFactor:
               fresh: bool = False) -> torch.Tensor:
         """``(K_FF + diag(d_F))^{-1} V`` for the sorted, unique indices ``free`` (a fresh factorisation gathers
         ``H_FF`` from ``K``: :func:`~joker_ext.dense.submatrix`). An updated solve is returned unrefined
-        (:attr:`updated` then says so); ``fresh`` factors ``H_FF`` afresh whatever the factor holds."""
+        (:attr:`updated` then says so), except through a float32 factor, whose solves are all finished in float64;
+        ``fresh`` factors ``H_FF`` afresh whatever the factor holds."""
         if not fresh and self._whole32 is not None and free.numel() == K.shape[0] \
                 and torch.equal(d, self._whole32[1]):  # the system it factored last: refined through that factor
             X = self._refined(self._whole32[0], _whole_residual(K, d), V, self.residual_scale(K, free, d))
@@ -329,11 +332,13 @@ class FreeFactor:
                 return None
             pos[added] = torch.arange(self.U.numel() - added.numel(), self.U.numel(), device=d.device)
         p = pos[free]
+        pins = self._pins(removed)
+        if pins is None:
+            return None
         if self.L0.dtype == V.dtype:
-            return self._pinned_solve(removed, p, V)
-        pins = self._pins(removed)  # a float32 factor: its pinned solve preconditions float64 conjugate gradients
-        return None if pins is None else self._finished(K, free, d, V,
-                                                        lambda R: self._pinned_apply(pins, removed, p, R))
+            return self._pinned_apply(pins, removed, p, V)
+        # a float32 factor: its pinned solve preconditions float64 conjugate gradients
+        return self._finished(K, free, d, V, lambda R: self._pinned_apply(pins, removed, p, R))
 
     def _block(self, K, rows, cols=None) -> torch.Tensor:
         """``K[rows][:, cols]`` in the factor's dtype."""
@@ -369,17 +374,11 @@ class FreeFactor:
             where[self._pin_pos] = torch.arange(self._pin_pos.numel(), device=removed.device)
         return where[removed]
 
-    def _pinned_solve(self, removed: torch.Tensor, p: torch.Tensor, V: torch.Tensor) -> Optional[torch.Tensor]:
-        """``H_FF^{-1} V`` through the factor of ``H_UU`` with the coordinates at the positions ``removed`` pinned to
-        zero (``p``: the positions of ``F`` in the factor); None when the pinned system is not numerically positive
-        definite (:meth:`_pins`, :meth:`_pinned_apply`)."""
-        pins = self._pins(removed)
-        return None if pins is None else self._pinned_apply(pins, removed, p, V)
-
     def _pins(self, removed: torch.Tensor):
-        """``(W, S)`` for :meth:`_pinned_apply`: ``W = H_UU^{-1} E`` for the positions ``removed`` and the Cholesky
-        factor ``S`` of ``E^T W`` (``(None, None)`` without pins; None when ``E^T W`` is not numerically positive
-        definite).
+        """``(W, S)`` for :meth:`_pinned_apply`, which solves through the factor of ``H_UU`` with the coordinates at
+        the factor positions ``removed`` pinned to zero: ``W = H_UU^{-1} E`` for those positions and the Cholesky
+        factor ``S`` of ``E^T W`` (``(None, None)`` without pins; None when ``E^T W``, and so the pinned system, is
+        not numerically positive definite).
 
         The columns ``H_UU^{-1} e_j`` of the pinned positions are kept from one solve to the next (a coordinate
         pinned at one step is pinned at the next ones too, while the factor lives): a new pin costs two triangular
