@@ -554,7 +554,7 @@ def test_first_subproblem_after_the_smo_phase_tries_the_exact_steps_before_a_pro
     for near_first in (True, False):
         if not near_first:  # every subproblem as any other: a proximal round first, the usual fillers
             monkeypatch.setattr(ws, "_subproblem", lambda *args, **kw: subproblem(*args[:-1], False, **kw))
-            monkeypatch.setattr(ws, "_select", lambda *args: select(*args[:-1], False))
+            monkeypatch.setattr(ws, "_select", lambda *args, **kw: select(*args[:-1], False, **kw))
         est = JokerClassifier(loss="hinge", C=1.0, gamma=gamma, fit_intercept=True).fit(X, y)
         assert est.status_ == "converged" and est.relative_gap_ <= 1e-10
         fits.append(est)
@@ -578,10 +578,10 @@ def test_first_working_set_after_the_smo_phase_holds_every_violator_with_few_fil
     gamma = 1.0 / (X.shape[1] * X.var())
     select, chosen = ws._select, []
 
-    def recorded(col, a, bounds, q, intercept, b, cap, is_free, near):
-        B = select(col, a, bounds, q, intercept, b, cap, is_free, near)
+    def recorded(col, a, bounds, q, intercept, b, cap, is_free, near, **kw):
+        B = select(col, a, bounds, q, intercept, b, cap, is_free, near, **kw)
         if near:
-            usual = select(col, a, bounds, q, intercept, b, cap, is_free, False)
+            usual = select(col, a, bounds, q, intercept, b, cap, is_free, False, **kw)
             violators = torch.nonzero((bounds[0] > b) | (bounds[1] < b)).reshape(-1)
             chosen.append((B, usual, violators, int(is_free.sum())))
         return B
