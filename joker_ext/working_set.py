@@ -389,19 +389,20 @@ def _free(col: _Column, a, idx: Optional[torch.Tensor] = None) -> torch.Tensor:
 
 
 def _select(col: _Column, a, bounds, q: int, intercept: bool, b: float = 0.0, cap: Optional[int] = None,
-            is_free: Optional[torch.Tensor] = None, near: bool = False, violators: float = MOSTLY_FREE_VIOLATORS):
+            is_free: Optional[torch.Tensor] = None, near: bool = False,
+            violator_share: float = MOSTLY_FREE_VIOLATORS):
     """The working set (sorted): the free coordinates (``lo < a_i < hi``, ``a_i != 0``) and the worst violators
     of the optimality conditions, at least as many as free ones, so that the set grows to ``2 |free|``
     when the free coordinates outnumber ``q / 2`` (a decomposition whose subproblems cannot hold the free
     set crawls) - but to ``cap`` (``MAX_SET_FACTOR q`` unless given) at most: beyond, the free coordinates farthest from their
     optimality at the intercept ``b`` are taken (a large transient free set, of coordinates on their way
     to a bound, made subproblems of thousands of coordinates). Where at least ``MOSTLY_FREE_SHARE`` of all
-    coordinates are free, the violators come from the others, ``violators |free|`` of them at most (at least ``q / 2``;
-    ``violators`` is ``MOSTLY_FREE_VIOLATORS`` unless the caller grows it: :data:`GROWTH_FREED`). ``bounds``: :meth:`_Column.intercept_bounds` at ``a`` (the cap cuts the free coordinates where
-    twice their number exceeds it); ``is_free``: :func:`_free` at ``a`` when the caller has it. ``near``: ``a`` is
-    near the solution (the SMO phase's point), where the violators and fillers chosen besides the free set number at
-    most ``NEAR_RATIO`` times the coordinates that violate their conditions at ``b`` (free ones included), or
-    ``NEAR_FILL`` if that is more."""
+    coordinates are free, the violators come from the others, ``violator_share |free|`` of them at most (at least
+    ``q / 2``; the share grows where they end free: :data:`GROWTH_FREED`). ``bounds``:
+    :meth:`_Column.intercept_bounds` at ``a`` (the cap cuts the free coordinates where twice their number exceeds
+    it); ``is_free``: :func:`_free` at ``a`` when the caller has it. ``near``: ``a`` is near the solution (the SMO
+    phase's point), where the violators and fillers chosen besides the free set number at most ``NEAR_RATIO`` times
+    the coordinates that violate their conditions at ``b`` (free ones included), or ``NEAR_FILL`` if that is more."""
     lower, upper = bounds
     n = a.numel()
     is_free = _free(col, a) if is_free is None else is_free
@@ -412,7 +413,7 @@ def _select(col: _Column, a, bounds, q: int, intercept: bool, b: float = 0.0, ca
         free = free[torch.topk((lower[free] - b).abs(), cap // 2).indices]
     budget = min(n, max(q, 2 * free.numel())) - free.numel()
     if many_free:  # the violators from the coordinates that are not free
-        budget = min(budget, max(q // 2, int(violators * free.numel())))
+        budget = min(budget, max(q // 2, int(violator_share * free.numel())))
         lower, upper = lower.masked_fill(is_free, -math.inf), upper.masked_fill(is_free, math.inf)
     if near:
         violators = int(_violating(lower, upper, b).sum())
@@ -718,7 +719,8 @@ def _decompose(src: _KernelRows, columns, loss: Loss, Y, c_col, alpha, F, interc
             cuts[t] = 0
         last_free[t] = n_free
         near = free_found and last_set[t] is None  # the column's first subproblem, from the SMO phase's point
-        B = _select(col, a, bounds[t], q, intercept, float(b_all[t]), cap[t], is_free, near, violators=violators[t])
+        B = _select(col, a, bounds[t], q, intercept, float(b_all[t]), cap[t], is_free, near,
+                    violator_share=violator_share[t])
         mostly_free = 2 * int(is_free[B].sum()) >= B.numel()
         # the points whose block the column's free-block factor holds (numbered in its last subproblem's set)
         held = None if factors[t].held() is None else last_set[t][factors[t].held()]
@@ -764,7 +766,7 @@ def _decompose(src: _KernelRows, columns, loss: Loss, Y, c_col, alpha, F, interc
             a[B] = aB
         taken = B[~is_free[B]]  # the coordinates the working set took besides the free ones
         freed = exact[t] and taken.numel() > 0 and int(_free(col, a, taken).sum()) >= GROWTH_FREED * taken.numel()
-        violators[t] = min(MAX_VIOLATORS, 2 * violators[t]) if freed else MOSTLY_FREE_VIOLATORS
+        violator_share[t] = min(MAX_VIOLATORS, 2 * violator_share[t]) if freed else MOSTLY_FREE_VIOLATORS
         if freed:  # a free set that grows so is no transient one: the cap holds it whole
             while 2 * int(_free(col, a).sum()) > cap[t]:
                 cap[t] *= 2
@@ -776,7 +778,7 @@ def _decompose(src: _KernelRows, columns, loss: Loss, Y, c_col, alpha, F, interc
         done[t] = exact[t] and not _violates_outside(B, bounds[t], float(b_all[t]))
 
     exact = [False] * T
-    violators = [MOSTLY_FREE_VIOLATORS] * T  # the share of violators its next working set takes (see _select)
+    violator_share = [MOSTLY_FREE_VIOLATORS] * T  # of its free set, the violators its next working set takes
     # each column's relative gap, its quick steps' failures in a row and the gap at the last one; its interior-point
     # solutions that would not snap
     gaps, quick_fails, quick_failed_at = [1.0] * T, [0] * T, [1.0] * T
