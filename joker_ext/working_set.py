@@ -768,7 +768,8 @@ def _decompose(src: _KernelRows, columns, loss: Loss, Y, c_col, alpha, F, interc
         freed = exact[t] and taken.numel() > 0 and int(_free(col, a, taken).sum()) >= GROWTH_FREED * taken.numel()
         violator_share[t] = min(MAX_VIOLATORS, 2 * violator_share[t]) if freed else MOSTLY_FREE_VIOLATORS
         if freed:  # a free set that grows so is no transient one: the cap holds it whole
-            while 2 * int(_free(col, a).sum()) > cap[t]:
+            n_free = int(_free(col, a).sum())
+            while 2 * n_free > cap[t]:
                 cap[t] *= 2
         bounds[t] = col.intercept_bounds(a, F[:, t] + col.h * a - col.lin)
         if intercept:
