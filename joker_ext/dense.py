@@ -47,8 +47,8 @@ except ImportError:  # pragma: no cover - numba is a dependency
     numba = None
 
 __all__ = ["MIXED_CONTRACTION", "MIXED_PRECISION_MIN", "RefinedCholesky", "cholesky_ex", "cholesky_pcg",
-           "cholesky_shifted", "cholesky_solve", "pcg", "prefault_", "rows_product", "scipy_blas_on_one_thread",
-           "submatrix"]
+           "cholesky_preconditioner", "cholesky_shifted", "cholesky_solve", "pcg", "prefault_", "rows_product",
+           "scipy_blas_on_one_thread", "submatrix"]
 
 
 def _scipy_potrf(dtype: torch.dtype):
@@ -378,7 +378,13 @@ def cholesky_pcg(L: torch.Tensor, product, V: torch.Tensor, *, tol: float, max_i
     residual : float
         As :func:`pcg`.
     """
-    return pcg(lambda R: cholesky_solve(R.to(L.dtype), L).to(R.dtype), product, V, tol=tol, max_iter=max_iter)
+    return pcg(cholesky_preconditioner(L), product, V, tol=tol, max_iter=max_iter)
+
+
+def cholesky_preconditioner(L: torch.Tensor):
+    """The preconditioner ``R -> (L L^T)^{-1} R`` of :func:`pcg`, solved in ``L``'s dtype (float32 for a float32
+    factor) and returned in ``R``'s."""
+    return lambda R: cholesky_solve(R.to(L.dtype), L).to(R.dtype)
 
 
 def pcg(precondition, product, V: torch.Tensor, *, tol: float, max_iter: int) -> Tuple[torch.Tensor, float]:

@@ -34,8 +34,8 @@ from typing import Callable, List, Optional, Tuple
 
 import torch
 
-from .dense import (MIXED_CONTRACTION, MIXED_PRECISION_MIN, RefinedCholesky, cholesky_ex, cholesky_solve,
-                    float32_flushed, flush_small_, pcg, prefault_, submatrix)
+from .dense import (MIXED_CONTRACTION, MIXED_PRECISION_MIN, RefinedCholesky, cholesky_ex, cholesky_preconditioner,
+                    cholesky_solve, float32_flushed, flush_small_, pcg, prefault_, submatrix)
 
 __all__ = ["FreeFactor"]
 
@@ -83,6 +83,15 @@ def _cholesky(H: torch.Tensor, overwrite: bool = False) -> Optional[torch.Tensor
 def _whole_residual(K: torch.Tensor, d: torch.Tensor):
     """``(R, X) -> R - (K + diag(d)) X`` (float64, without forming ``K + diag(d)``)."""
     return lambda R, X: R - K @ X - d.unsqueeze(1) * X
+
+
+def _gathered(K: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``K[rows][:, cols]`` in ``dtype``: gathered straight into fresh memory of that dtype where it is not ``K``'s (no
+    copy in ``K``'s dtype first)."""
+    if dtype == K.dtype:
+        return submatrix(K, rows, cols)
+    return submatrix(K, rows, cols, out=prefault_(torch.empty(rows.numel(), cols.numel(), dtype=dtype,
+                                                              device=K.device)))
 
 
 def _lower(L: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
@@ -209,13 +218,11 @@ class FreeFactor:
         half the time of a float64 factorisation (hinge, a 9,680-coordinate free block on two cores: 1.3 s against
         2.6 s) plus a few products; None (and :attr:`float32_failed`) when the float32 factorisation fails or the
         conjugate gradients do not converge, the block being then too ill-conditioned for float32."""
-        H32 = submatrix(K, free, out=prefault_(torch.empty(free.numel(), free.numel(), dtype=torch.float32,
-                                                           device=K.device)))
+        H32 = _gathered(K, free, free, torch.float32)
         H32.diagonal().add_(d[free].to(torch.float32))
         L32, info = cholesky_ex(flush_small_(H32), overwrite=True)
         del H32
-        X = self._finished(K, free, d, V, lambda R: cholesky_solve(R.to(torch.float32), L32).to(R.dtype)) \
-            if int(info) == 0 else None
+        X = self._finished(K, free, d, V, cholesky_preconditioner(L32)) if int(info) == 0 else None
         if X is None:
             self.float32_failed = True
             return None
@@ -341,12 +348,8 @@ class FreeFactor:
         return self._finished(K, free, d, V, lambda R: self._pinned_apply(pins, removed, p, R))
 
     def _block(self, K, rows, cols=None) -> torch.Tensor:
-        """``K[rows][:, cols]`` in the factor's dtype."""
-        if self.L0.dtype == K.dtype:
-            return submatrix(K, rows, cols)
-        cols = rows if cols is None else cols
-        return submatrix(K, rows, cols, out=prefault_(torch.empty(rows.numel(), cols.numel(), dtype=self.L0.dtype,
-                                                                  device=K.device)))
+        """``K[rows][:, cols]`` (``cols = rows`` by default) in the factor's dtype."""
+        return _gathered(K, rows, rows if cols is None else cols, self.L0.dtype)
 
     def _extend(self, K, added, d) -> bool:
         """Add the block row of ``added`` (False when its Schur complement is not numerically positive
